@@ -1,0 +1,71 @@
+"""Kernel config spaces as data: axes of values plus a `keep` filter.
+
+The same space serves the CPU tests (a couple of configs), the GPU benchmark (sweep) and
+the Optuna search (one categorical parameter per enabled kernel), so it is declared once.
+
+A config is a plain `dict[str, int]` (e.g. ``{"BLOCK_N": 1024, "num_warps": 4}``); it
+travels through custom ops and recipes as its canonical string form
+``"BLOCK_N=1024,num_warps=4"`` (sorted keys), see `encode` / `decode`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Config = dict[str, int]
+Problem = Mapping[str, Any]  # e.g. {"n_cols": 4096, "n_rows": 2048, "dtype": "bfloat16"}
+
+
+def encode(cfg: Mapping[str, int]) -> str:
+    """Canonical text form of a config: sorted `key=value` pairs joined by commas."""
+    return ",".join(f"{k}={int(cfg[k])}" for k in sorted(cfg))
+
+
+def decode(text: str) -> Config:
+    """Inverse of `encode`; raises ValueError on anything that is not `name=int,...`."""
+    if not text:
+        return {}
+    out: Config = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"bad kernel config entry {part!r} in {text!r}")
+        out[key] = int(value)
+    return out
+
+
+def _keep_all(cfg: Config, problem: Problem) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class ConfigSpace:
+    """Axes (name -> candidate values) and a filter that drops configs unfit for a problem.
+
+    `default(problem)` is the heuristic config used when nothing was tuned.
+    """
+
+    axes: Mapping[str, tuple[int, ...]]
+    default: Callable[[Problem], Config]
+    keep: Callable[[Config, Problem], bool] = field(default=_keep_all)
+
+    def configs(self, problem: Problem) -> list[Config]:
+        """Every config on the grid that `keep` accepts for this problem, in grid order."""
+        names = list(self.axes)
+        grid = (dict(zip(names, values)) for values in itertools.product(*self.axes.values()))
+        return [cfg for cfg in grid if self.keep(cfg, problem)]
+
+    def validate(self, cfg: Mapping[str, int], problem: Problem) -> Config:
+        """Check a config from outside (a recipe, a CLI flag) against this space."""
+        if set(cfg) != set(self.axes):
+            raise ValueError(f"config keys {sorted(cfg)} != space axes {sorted(self.axes)}")
+        for name, value in cfg.items():
+            if value not in self.axes[name]:
+                raise ValueError(f"{name}={value} is not one of {self.axes[name]}")
+        clean = {k: int(v) for k, v in cfg.items()}
+        if not self.keep(clean, problem):
+            raise ValueError(f"config {encode(clean)} is not valid for problem {dict(problem)}")
+        return clean

@@ -1,0 +1,89 @@
+"""Shared numerics for tests, benchmarks and plan verification: one tolerance table.
+
+A check passes when `|out - ref| <= atol + rtol * |ref|` element-wise (llm.c style), with
+NaN matching NaN only where the reference is NaN and infinities matching exactly.
+References are computed in fp32 (fp64 for reductions where it matters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+
+# One table by dtype. bf16 has 8 mantissa bits (~4e-3 relative rounding), fp16 has 11.
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
+    torch.float16: Tolerance(atol=1e-3, rtol=1e-3),
+    torch.bfloat16: Tolerance(atol=1e-2, rtol=1e-2),
+}
+
+# Whole-model comparisons accumulate rounding over many layers: same form, looser.
+MODEL_TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float32: Tolerance(atol=1e-4, rtol=1e-4),
+    torch.float16: Tolerance(atol=1e-2, rtol=1e-2),
+    torch.bfloat16: Tolerance(atol=5e-2, rtol=5e-2),
+}
+
+
+def tolerance(dtype: torch.dtype, *, model: bool = False) -> Tolerance:
+    table = MODEL_TOLERANCES if model else TOLERANCES
+    return table.get(dtype, table[torch.float32])
+
+
+def max_violation(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> float:
+    """Largest `|out-ref| - (atol + rtol|ref|)` (<= 0 means within tolerance); inf if
+    shapes differ, NaN/inf placement differs, or `out` has NaN where `ref` does not."""
+    if out.shape != ref.shape:
+        return float("inf")
+    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
+    nan_o, nan_r = torch.isnan(o), torch.isnan(r)
+    if not torch.equal(nan_o, nan_r):
+        return float("inf")
+    inf_o, inf_r = torch.isinf(o), torch.isinf(r)
+    if not torch.equal(inf_o, inf_r) or not torch.equal(o[inf_o], r[inf_r]):
+        return float("inf")
+    finite = ~(nan_r | inf_r)
+    if not finite.any():
+        return 0.0
+    excess = (o[finite] - r[finite]).abs() - (tol.atol + tol.rtol * r[finite].abs())
+    return float(excess.max())
+
+
+def max_abs_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    diff = (out.detach().double().cpu() - ref.detach().double().cpu()).abs()
+    return float(torch.nan_to_num(diff, nan=float("inf")).max()) if diff.numel() else 0.0
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+    """Assert `out` matches `ref` within the tolerance of `dtype` (default: out.dtype)."""
+    tol = tolerance(dtype or out.dtype)
+    excess = max_violation(out, ref, tol)
+    if excess > 0:
+        raise AssertionError(
+            f"mismatch: max |out-ref| = {max_abs_error(out, ref):.3e} exceeds "
+            f"atol={tol.atol} + rtol={tol.rtol}*|ref| (shape {tuple(out.shape)}, {out.dtype})"
+        )
+
+
+def nan_filled(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An output buffer poisoned with NaN so that an unwritten element fails the check."""
+    return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
+
+
+def randn_nonzero(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str,
+    generator: torch.Generator | None = None, scale: float = 1.0,
+) -> torch.Tensor:
+    """Random normal values pushed away from zero (|x| >= 0.05·scale), so zeros cannot
+    hide unwritten outputs or wrong indexing."""
+    x = torch.randn(shape, generator=generator, dtype=torch.float32)
+    x = torch.where(x.abs() < 0.05, torch.sign(x + 1e-9) * 0.05, x) * scale
+    return x.to(device=device, dtype=dtype)

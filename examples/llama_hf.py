@@ -1,0 +1,48 @@
+"""A `transformers` Llama built from a config (random weights, no downloads).
+
+On CUDA it has Llama-3-8B dimensions with 8 layers (the project's reference model);
+on the CPU it is tiny. Override with ADVISOR_EXAMPLE_SIZE=tiny|full.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+VOCAB_TINY = 256
+
+
+def _config(device: torch.device):
+    from transformers import LlamaConfig
+
+    size = os.environ.get("ADVISOR_EXAMPLE_SIZE", "full" if device.type == "cuda" else "tiny")
+    if size == "full":
+        return LlamaConfig(
+            hidden_size=4096, intermediate_size=14336, num_hidden_layers=8,
+            num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+            max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
+        )
+    return LlamaConfig(
+        hidden_size=96, intermediate_size=200, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, vocab_size=VOCAB_TINY,
+        max_position_embeddings=4096, rms_norm_eps=1e-5,
+    )
+
+
+def build_model(device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = _config(torch.device(device))
+    config._attn_implementation = "sdpa"
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    return model.to(dtype=dtype).eval()
+
+
+def make_inputs(seq_len: int, batch: int, device: torch.device) -> dict:
+    vocab = _config(torch.device(device)).vocab_size
+    g = torch.Generator().manual_seed(seq_len * 1000 + batch)
+    ids = torch.randint(0, vocab, (batch, seq_len), generator=g).to(device)
+    return {"input_ids": ids, "use_cache": False}
