@@ -21,6 +21,7 @@ KERNEL_MODULES: tuple[str, ...] = (
     "advisor.kernels.gated_act",
     "advisor.kernels.bias_act",
     "advisor.kernels.rope",
+    "advisor.kernels.merged_linear",
 )
 
 

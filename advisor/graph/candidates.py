@@ -1,0 +1,72 @@
+"""Fusion candidates: matches grouped by family and priced with measured ceilings.
+
+Predicted saving per forward = launches removed × measured per-launch cost
+                             + bytes avoided ÷ measured copy bandwidth.
+Launches and bytes come from the matched subgraphs themselves (fake-tensor shapes), not
+from per-family constants, so the same formula prices any spelling of a pattern.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from advisor.graph.capture import Captured
+from advisor.graph.match import Match
+from advisor.graph.patterns import find_all
+
+
+@dataclass(frozen=True)
+class Candidate:
+    family: str
+    kernel: str | None          # registry id applying it; None = analysis only (no kernel yet)
+    sites: tuple[str, ...]      # module paths, one per occurrence
+    count: int
+    launches_removed: int       # per forward, all sites
+    bytes_avoided: int          # per forward, all sites
+    predicted_saving_ms: float  # per forward
+
+    @property
+    def applicable(self) -> bool:
+        return self.kernel is not None
+
+
+@dataclass(frozen=True)
+class Costs:
+    """The two prices a prediction needs (from `profile.ceilings.Ceilings`)."""
+
+    launch_us: float
+    copy_gbps: float
+
+
+def matches_of(captured: Captured) -> list[Match]:
+    return [m for part in captured.parts for m in find_all(part.gm, part.params)]
+
+
+def price(launches_removed: int, bytes_avoided: int, costs: Costs) -> float:
+    """Predicted ms saved: removed launches at the measured launch cost, avoided bytes at
+    the measured copy bandwidth."""
+    return launches_removed * costs.launch_us * 1e-3 + bytes_avoided / (costs.copy_gbps * 1e9) * 1e3
+
+
+def _launches_removed(m: Match) -> int:
+    if m.kernel is None and m.family.endswith("_linear"):
+        return m.launches() - len([k for k in m.outputs if k.startswith("out")])
+    return max(0, m.launches() - 1)
+
+
+def candidates(matches: list[Match], costs: Costs) -> list[Candidate]:
+    """One Candidate per family, ranked by predicted saving (largest first)."""
+    by_family: dict[str, list[Match]] = defaultdict(list)
+    for m in matches:
+        by_family[m.family].append(m)
+    out = []
+    for family, ms in by_family.items():
+        removed = sum(_launches_removed(m) for m in ms)
+        avoided = sum(m.bytes_avoided() for m in ms)
+        out.append(Candidate(
+            family=family, kernel=ms[0].kernel, sites=tuple(m.module for m in ms),
+            count=len(ms), launches_removed=removed, bytes_avoided=avoided,
+            predicted_saving_ms=price(removed, avoided, costs),
+        ))
+    return sorted(out, key=lambda c: (-c.predicted_saving_ms, c.family))

@@ -1,0 +1,144 @@
+"""Matching vocabulary shared by every pattern: what a node computes, seen through casts
+and views, and the `Match` a pattern returns.
+
+Patterns work on aten graphs from `graph.capture`. A `Match` names the fused op's operands
+(fx nodes or constants) and the nodes whose values the fused op replaces; `nodes` is the
+whole subgraph, used both to price it (launches, bytes) and to check it is self-contained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from advisor.graph.capture import fake, module_path, nbytes
+
+aten = torch.ops.aten
+
+# Ops that only re-describe memory: no kernel, no bytes.
+VIEW_OPS = {
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default,
+    aten.transpose.int, aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim,
+    aten.squeeze.default, aten.expand.default, aten.slice.Tensor, aten.select.int,
+    aten.split.Tensor, aten.split_with_sizes.default, aten.alias.default, aten.detach.default,
+    aten.as_strided.default, aten.unbind.int,
+}
+CAST_OPS = {aten._to_copy.default}
+GETITEM = "getitem"
+
+
+def is_op(node: Any, *targets: Any) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def is_getitem(node: Any) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and getattr(
+        node.target, "__name__", "") == GETITEM
+
+
+def launches(node: fx.Node) -> int:
+    """Kernel launches a node costs in eager mode (views and getitems cost none)."""
+    if node.op != "call_function" or is_getitem(node) or node.target in VIEW_OPS:
+        return 0
+    return 1
+
+
+def strip_casts(node: Any) -> Any:
+    """Follow dtype casts (`.float()`, `.to(bf16)`) back to the tensor they convert."""
+    while is_op(node, *CAST_OPS) and set(node.kwargs) <= {"dtype", "layout", "device"}:
+        node = node.args[0]
+    return node
+
+
+def strip_views(node: Any) -> Any:
+    while is_op(node, *VIEW_OPS):
+        node = node.args[0]
+    return node
+
+
+def scalar(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def other_arg(node: fx.Node, known: Any) -> Any:
+    """For a binary op, the argument that is not `known` (None if neither/both)."""
+    a, b = node.args[0], node.args[1]
+    if a is known and b is not known:
+        return b
+    if b is known and a is not known:
+        return a
+    return None
+
+
+def last_dim(node: Any) -> int | None:
+    t = fake(node)
+    return int(t.shape[-1]) if t is not None and t.dim() > 0 else None
+
+
+def is_last_dim(dims: Any, node: Any) -> bool:
+    t = fake(node)
+    if t is None:
+        return False
+    dims = list(dims) if isinstance(dims, (list, tuple)) else [dims]
+    return len(dims) == 1 and dims[0] in (-1, t.dim() - 1)
+
+
+@dataclass
+class Match:
+    """One site a fused kernel can replace.
+
+    family:   candidate family ("add_rms_norm", "gated_act", "rope", "qkv_merge", ...).
+    kernel:   registry id of the kernel that implements it (None: analysis only).
+    module:   module path of the site.
+    nodes:    every node of the matched subgraph.
+    operands: name -> fx.Node or constant, the fused op's inputs.
+    outputs:  name -> fx.Node whose value the fused op produces (external users read them).
+    """
+
+    family: str
+    kernel: str | None
+    module: str
+    nodes: tuple[fx.Node, ...]
+    operands: dict[str, Any] = field(default_factory=dict)
+    outputs: dict[str, fx.Node] = field(default_factory=dict)
+
+    def launches(self) -> int:
+        return sum(launches(n) for n in self.nodes)
+
+    def external_inputs(self) -> list[fx.Node]:
+        inside = set(self.nodes)
+        seen: dict[fx.Node, None] = {}
+        for n in self.nodes:
+            for a in n.all_input_nodes:
+                if a not in inside:
+                    seen[a] = None
+        return list(seen)
+
+    def bytes_avoided(self) -> int:
+        """Unfused traffic (each launching node reads its inputs, writes its output) minus
+        fused traffic (external inputs read once, outputs written once)."""
+        unfused = 0
+        for n in self.nodes:
+            if launches(n):
+                unfused += nbytes(n) + sum(nbytes(strip_views(a)) for a in n.all_input_nodes)
+        fused = sum(nbytes(strip_views(a)) for a in self.external_inputs())
+        fused += sum(nbytes(o) for o in self.outputs.values())
+        return max(0, unfused - fused)
+
+    def self_contained(self) -> bool:
+        """True when only `outputs` are read outside the subgraph, so replacing the subgraph
+        by one op cannot change any other value."""
+        inside, outs = set(self.nodes), set(self.outputs.values())
+        return all(set(n.users) <= inside for n in self.nodes if n not in outs)
+
+
+def module_of(nodes: Iterable[fx.Node]) -> str:
+    for n in nodes:
+        path = module_path(n)
+        if path:
+            return path
+    return ""

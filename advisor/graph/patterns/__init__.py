@@ -1,0 +1,40 @@
+"""Fusion patterns, one module per family; `find_all` runs them in dependency order.
+
+| family                         | matched in        | kernel (advisor/kernels/) |
+|--------------------------------|-------------------|---------------------------|
+| rms_norm, add_rms_norm,        | patterns/norm.py  | norm.py                   |
+| layer_norm, add_layer_norm     |                   |                           |
+| gated_act (SwiGLU, GeGLU)      | activation.py     | gated_act.py              |
+| bias_act                       | activation.py     | bias_act.py               |
+| rope (q and k in one launch)   | rope.py           | rope.py                   |
+| qkv_merge, gate_up_merge, ...  | linear.py         | (runtime) merged_linear   |
+| *_norm_linear (GEMM prologue)  | linear.py         | analysis only for now     |
+| attention, attention_rope,     | attention.py      | analysis only for now     |
+| kv_cache_write, rope_kv_cache  |                   |                           |
+"""
+
+from __future__ import annotations
+
+from torch import fx
+
+from advisor.graph.match import Match
+from advisor.graph.patterns import activation, attention, linear, norm, rope
+
+
+def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
+    norms = norm.find(gm, params)
+    gated = activation.find_gated(gm)
+    ropes = rope.find(gm)
+    matches = [
+        *norms,
+        *gated,
+        *activation.find_bias_act(gm, params),
+        *ropes,
+        *linear.find_merges(gm, params, gated),
+        *linear.find_norm_projections(norms, gm, params),
+        *attention.find(gm, ropes),
+        *attention.find_cache_writes(gm, ropes),
+    ]
+    # Analysis-only candidates are priced even when they overlap others; anything the
+    # runtime may rewrite must be self-contained.
+    return [m for m in matches if m.kernel is None or m.self_contained()]

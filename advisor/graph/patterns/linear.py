@@ -1,0 +1,113 @@
+"""Linear-layer patterns: horizontal merges and norm→projection prologues.
+
+`nn.Linear` lowers to `mm(view(x, [M, K]), t(W))` (or `addmm(b, ...)` with a bias). Linears
+that read the same activation with weights of the same K can run as one GEMM over the
+concatenated weights (Q/K/V, gate/up): one read of x and one launch instead of n.
+A norm whose output is read only by projections can be folded into their GEMM prologue.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from advisor.graph.capture import common_module, fake, module_path
+from advisor.graph.match import Match, aten, is_op, strip_views
+
+
+@dataclass(frozen=True)
+class Linear:
+    """mm/addmm node with its activation source (before views), weight and bias."""
+
+    node: fx.Node
+    x: fx.Node          # the activation as produced upstream (e.g. the norm output)
+    x2d: fx.Node        # the (M, K) view the mm reads
+    weight: fx.Node     # (N, K) parameter placeholder
+    bias: Any           # (N,) parameter placeholder or None
+
+
+def linear_at(node: fx.Node, params: dict[str, str]) -> Linear | None:
+    if is_op(node, aten.mm.default):
+        bias, x2d, wt = None, node.args[0], node.args[1]
+    elif is_op(node, aten.addmm.default) and not node.kwargs:
+        bias, x2d, wt = node.args[0], node.args[1], node.args[2]
+    else:
+        return None
+    if not is_op(wt, aten.t.default, aten.permute.default):
+        return None
+    if is_op(wt, aten.permute.default) and list(wt.args[1]) != [1, 0]:
+        return None
+    w = wt.args[0]
+    if not isinstance(w, fx.Node) or w.name not in params:
+        return None
+    if bias is not None and not (isinstance(bias, fx.Node) and bias.name in params):
+        return None
+    return Linear(node, strip_views(x2d), x2d, w, bias)
+
+
+def find_linears(gm: fx.GraphModule, params: dict[str, str]) -> list[Linear]:
+    return [lin for n in gm.graph.nodes if (lin := linear_at(n, params)) is not None]
+
+
+def _role(group: list[Linear], gated_inputs: set[fx.Node]) -> str:
+    feeds_gate = sum(1 for lin in group if any(_reaches(lin.node, g) for g in gated_inputs))
+    if len(group) == 2 and feeds_gate == 2:
+        return "gate_up_merge"
+    if len(group) == 3:
+        return "qkv_merge"
+    return "linear_merge"
+
+
+def _reaches(node: fx.Node, target: fx.Node) -> bool:
+    """node is target, or target is a view chain of node."""
+    return strip_views(target) is node
+
+
+def find_merges(gm: fx.GraphModule, params: dict[str, str], gated: list[Match]) -> list[Match]:
+    """Groups of >= 2 linears reading the same activation, with equal K and dtype."""
+    groups: dict[fx.Node, list[Linear]] = defaultdict(list)
+    for lin in find_linears(gm, params):
+        groups[lin.x].append(lin)
+    gated_inputs = {m.operands[k] for m in gated for k in ("gate", "up") if k in m.operands}
+    fused_gated = getattr(getattr(torch.ops, "advisor", None), "gated_act", None)
+    gated_inputs |= {a for n in gm.graph.nodes if fused_gated is not None
+                     and n.target == fused_gated.default for a in n.args[:2]}
+    found = []
+    for x, group in groups.items():
+        if len(group) < 2 or len({lin.bias is None for lin in group}) != 1:
+            continue
+        shapes = [fake(lin.weight) for lin in group]
+        if any(s is None for s in shapes) or len({(s.shape[1], s.dtype) for s in shapes}) != 1:
+            continue
+        family = _role(group, gated_inputs)
+        nodes = tuple(n for lin in group for n in (lin.x2d, lin.node.args[-1], lin.node))
+        operands = {"x": x, "weights": [lin.weight for lin in group],
+                    "biases": [lin.bias for lin in group]}
+        outputs = {f"out{i}": lin.node for i, lin in enumerate(group)}
+        site = common_module([module_path(lin.node) for lin in group])
+        found.append(Match(family, "merged_linear", site, tuple(dict.fromkeys(nodes)), operands, outputs))
+    return found
+
+
+def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
+    """Norm sites whose normalised output is read only by linears (GEMM-prologue fusion)."""
+    by_x: dict[fx.Node, list[Linear]] = defaultdict(list)
+    for lin in find_linears(gm, params):
+        by_x[lin.x].append(lin)
+    found = []
+    for m in norms:
+        y = m.outputs["y"]
+        readers = by_x.get(y, [])
+        view_users = [u for u in y.users if all(lin.x2d is not u for lin in readers)]
+        if not readers or view_users:
+            continue
+        nodes = (*m.nodes, *(n for lin in readers for n in (lin.x2d, lin.node.args[-1], lin.node)))
+        operands = {**m.operands, "weights": [lin.weight for lin in readers]}
+        outputs = {**{k: v for k, v in m.outputs.items() if k != "y"},
+                   **{f"out{i}": lin.node for i, lin in enumerate(readers)}}
+        found.append(Match(f"{m.family}_linear", None, m.module, nodes, operands, outputs))
+    return found

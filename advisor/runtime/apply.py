@@ -1,0 +1,162 @@
+"""Apply a recipe to any model: per-bucket rewritten graphs, dispatched by input length.
+
+`apply(model, recipe)` returns an `AdvisedModel` wrapping the user's module. Each call is
+routed to the bucket whose bound is the smallest >= the input's sequence length (beyond
+the largest bucket: the recipe's `beyond_largest`, "largest" by default, or unfused).
+Each bucket is one `torch.compile(..., dynamic=True)` whose backend rewrites the aten graph
+with that bucket's plan and runs it as-is — so lengths inside a bucket reuse one graph and
+do not recompile (counted in `compiles`). Calls run under `torch.no_grad()`: this is an
+inference tool.
+
+Nothing global is patched: the wrapper holds the original module (`.original`, or
+`.remove()`); the only change to the module is that merged weights are laid out back to
+back (same values).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from advisor.errors import RecipeError
+from advisor.graph.capture import aten_backend
+from advisor.runtime.cudagraph import GraphCache
+from advisor.runtime.plan import UNFUSED, Plan
+from advisor.runtime.recipe import Bucket, Recipe
+from advisor.runtime.rewrite import RewriteReport, rewrite
+from advisor.runtime.weights import arrange
+
+
+@dataclass
+class BucketState:
+    """What one bucket compiled and how it went."""
+
+    plan: Plan
+    fn: Callable[..., Any] | None = None
+    compiles: int = 0
+    reports: list[RewriteReport] = field(default_factory=list)
+    graphs: GraphCache | None = None
+
+
+def sequence_length(args: tuple, kwargs: dict) -> int:
+    """Tokens per sequence: dim 1 of the first tensor argument with >= 2 dims
+    (input_ids (B, T), hidden states (B, T, D)); else dim 0."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.dim() >= 1:
+            return int(value.shape[1] if value.dim() >= 2 else value.shape[0])
+    raise TypeError("advisor: cannot find a tensor input to read the sequence length from")
+
+
+def _trace_config() -> Any:
+    """Dynamo settings for our traces, scoped to our calls: keep Python floats (eps,
+    scales) as constants so patterns see them, instead of lifting them to graph inputs."""
+    cfg = torch._dynamo.config
+    settings: dict[str, Any] = {k: True for k in ("specialize_float",) if hasattr(cfg, k)}
+    # Each bucket is its own compile of the same forward: allow them all (and a few
+    # specialisations each) before dynamo gives up and falls back to eager.
+    settings.update({k: 64 for k in ("recompile_limit", "cache_size_limit") if hasattr(cfg, k)})
+    return cfg.patch(**settings)
+
+
+def _env_mismatch(recorded: dict[str, Any]) -> list[str]:
+    if not recorded:
+        return []
+    from advisor.env import environment
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    here = environment(torch.device(device))
+    keys = ("device", "capability", "torch", "triton", "advisor")
+    return [f"{k}: recipe {recorded.get(k)!r} != here {here.get(k)!r}"
+            for k in keys if k in recorded and recorded.get(k) != here.get(k)]
+
+
+class AdvisedModel(torch.nn.Module):
+    """The user's model with a recipe's plans applied per length bucket."""
+
+    def __init__(self, model: torch.nn.Module, recipe: Recipe, *, length_of: Callable[..., int] | None = None):
+        super().__init__()
+        self.original = model
+        self.recipe = recipe
+        self.length_of = length_of or sequence_length
+        self.buckets: dict[int, BucketState] = {b.max_len: BucketState(b.plan) for b in recipe.buckets}
+        self._unfused = BucketState(UNFUSED)
+        self._confirmed: dict[tuple, Any] = {}  # site confirmations shared across buckets
+
+    def _state(self, bucket: Bucket | None) -> BucketState:
+        return self._unfused if bucket is None else self.buckets[bucket.max_len]
+
+    def _compile(self, state: BucketState) -> Callable[..., Any]:
+        model = self.original
+
+        def on_graph(gm: fx.GraphModule, params: dict[str, str], example: list[Any]) -> Callable[..., Any]:
+            state.compiles += 1
+            report = rewrite(gm, params, state.plan, self._confirmed)
+            for group in report.merged_weights:
+                arrange(model, group)
+            state.reports.append(report)
+            return gm.forward
+
+        return torch.compile(model, backend=aten_backend(model, on_graph), dynamic=True)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        state = self._state(self.recipe.bucket_for(self.length_of(args, kwargs)))
+        if not state.plan.fusions and not state.plan.cuda_graph:
+            with torch.no_grad():
+                return self.original(*args, **kwargs)
+        if state.fn is None:
+            state.fn = self._compile(state)
+            if state.plan.cuda_graph and torch.cuda.is_available():
+                state.graphs = GraphCache(state.fn)
+        with torch.no_grad(), _trace_config():
+            if state.graphs is not None:
+                return state.graphs(*args, **kwargs)
+            return state.fn(*args, **kwargs)
+
+    def remove(self) -> torch.nn.Module:
+        """The original module (apply is reversible: nothing global was patched)."""
+        return self.original
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per bucket and family: sites applied / left unfused (with reasons), launches
+        per forward before/after, compiles."""
+        rows = []
+        for bound, state in self.buckets.items():
+            for fam in state.plan.fusions:
+                sites = [s for r in state.reports for s in r.sites if s.family == fam]
+                rows.append({
+                    "bucket": bound, "family": fam,
+                    "applied": sum(s.applied for s in sites),
+                    "unfused": sorted({f"{s.module}: {s.reason}" for s in sites if not s.applied}),
+                })
+            rows.append({
+                "bucket": bound, "family": "(all)", "compiles": state.compiles,
+                "launches_before": sum(r.launches_before for r in state.reports),
+                "launches_after": sum(r.launches_after for r in state.reports),
+            })
+        return rows
+
+
+def apply(model: torch.nn.Module, recipe: Recipe | Plan, *, strict: bool = False,
+          length_of: Callable[..., int] | None = None) -> AdvisedModel:
+    """Apply a recipe (or a single plan, for every length) to `model`. Example::
+
+        fast = advisor.apply(model, advisor.load_recipe("recipe.json"))
+        logits = fast(input_ids)
+    """
+    if isinstance(recipe, Plan):
+        recipe = Recipe.from_plan(recipe)
+    problems = _env_mismatch(recipe.environment)
+    if problems:
+        msg = "recipe was tuned in another environment (" + "; ".join(problems) + ")"
+        if strict:
+            raise RecipeError(msg)
+        warnings.warn(f"advisor: {msg}; running unfused", stacklevel=2)
+        recipe = Recipe(buckets=tuple(Bucket(b.max_len, UNFUSED, b.measured) for b in recipe.buckets),
+                        model=recipe.model, environment=recipe.environment,
+                        beyond_largest=recipe.beyond_largest)
+    return AdvisedModel(model, recipe, length_of=length_of)

@@ -1,0 +1,154 @@
+"""Emit the fused op for one match into an aten graph (insert the call, reroute users).
+
+Each kernel's operand order is data (`KERNEL_ARGS`); the config string is its last arg.
+Merged linears and the addmm form of bias+act need a little graph surgery of their own.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx
+from torch._guards import detect_fake_mode
+from torch.utils import _pytree as pytree
+
+from advisor.graph.capture import fake, hint
+from advisor.graph.match import Match, aten
+
+# kernel id -> (operand names in call order, output names in result order)
+KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "rms_norm": (("x", "weight", "eps", "weight_offset"), ("y",)),
+    "add_rms_norm": (("x", "residual", "weight", "eps", "weight_offset"), ("y", "residual")),
+    "layer_norm": (("x", "weight", "bias", "eps"), ("y",)),
+    "add_layer_norm": (("x", "residual", "weight", "bias", "eps"), ("y", "residual")),
+    "gated_act": (("gate", "up", "activation"), ("y",)),
+    "bias_act": (("x", "bias", "activation"), ("y",)),
+    "rope_qk": (("q", "k", "cos", "sin", "interleaved"), ("q", "k")),
+}
+
+
+def _new(graph: fx.Graph, target: Any, args: tuple, kwargs: dict | None = None) -> fx.Node:
+    return _infer_meta(graph.call_function(target, args, kwargs or {}))
+
+
+def _infer_meta(node: fx.Node, like: fx.Node | None = None) -> fx.Node:
+    """Give an inserted node what captured nodes have: its fake value (shape, dtype,
+    strides, computed under the graph's fake mode) and the module path of `like`."""
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    tensors = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
+    mode = detect_fake_mode(tensors)
+    if mode is not None and callable(node.target):
+        with mode:
+            node.meta["val"] = node.target(*args, **kwargs)
+    if like is not None and "nn_module_stack" in like.meta:
+        node.meta["nn_module_stack"] = like.meta["nn_module_stack"]
+    return node
+
+
+class EmitError(Exception):
+    """The match cannot be emitted here (ordering, missing operand); the site stays unfused."""
+
+
+def _position(graph: fx.Graph) -> dict[fx.Node, int]:
+    return {n: i for i, n in enumerate(graph.nodes)}
+
+
+def _insert_point(graph: fx.Graph, m: Match, operands: list[Any]) -> fx.Node:
+    """Right after the last operand; must precede every outside reader of an output."""
+    pos = _position(graph)
+    deps = [a for a in operands if isinstance(a, fx.Node)]
+    last = max(deps, key=pos.__getitem__)
+    inside = set(m.nodes)
+    readers = [u for o in m.outputs.values() for u in o.users if u not in inside]
+    if readers and pos[last] >= min(pos[u] for u in readers):
+        raise EmitError("operands are produced after an output is read")
+    return last
+
+
+def _reroute(out: fx.Node, new: fx.Node, inside: set[fx.Node]) -> fx.Node:
+    """Point the outside readers of `out` at `new`. Fused ops return contiguous tensors;
+    where the captured value had other strides (later views in the graph were traced
+    against them), the result is first copied into that layout."""
+    val = fake(out)
+    if val is not None and not val.is_contiguous():
+        # Dense layout with the captured dim order (static even when sizes are symbolic):
+        # permute to that order, make contiguous, permute back.
+        order = sorted(range(val.dim()), key=lambda i: -hint(val.stride()[i]))
+        inverse = sorted(range(val.dim()), key=order.__getitem__)
+        graph = new.graph
+        with graph.inserting_after(new):
+            perm = _new(graph, aten.permute.default, (new, order))
+        with graph.inserting_after(perm):
+            dense = _new(graph, aten.clone.default, (perm,), {"memory_format": torch.contiguous_format})
+        with graph.inserting_after(dense):
+            new = _new(graph, aten.permute.default, (dense, inverse))
+    out.replace_all_uses_with(new, delete_user_cb=lambda user: user not in inside)
+    return new
+
+
+def _emit_kernel(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
+    names, results = KERNEL_ARGS[m.kernel]
+    args = [m.operands.get(n) for n in names]
+    if any(a is None for a, n in zip(args, names) if n not in ("weight", "bias")) or (
+        m.kernel == "rms_norm" or m.kernel == "add_rms_norm") and m.operands.get("weight") is None:
+        raise EmitError("an operand of the fused op is missing")
+    op = getattr(torch.ops.advisor, m.kernel).default
+    after = _insert_point(graph, m, args)
+    inside = set(m.nodes)
+    with graph.inserting_after(after):
+        call = _new(graph, op, (*args, config))
+    if len(results) == 1:
+        return {m.outputs[results[0]]: _reroute(m.outputs[results[0]], call, inside)}
+    cursor, replaced = call, {}
+    for i, name in enumerate(results):
+        with graph.inserting_after(cursor):
+            cursor = _new(graph, operator.getitem, (call, i))
+        replaced[m.outputs[name]] = _reroute(m.outputs[name], cursor, inside)
+    return replaced
+
+
+def _emit_bias_act_addmm(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
+    """addmm(b, x, Wᵀ) → view → act  becomes  mm(x, Wᵀ) → view → bias_act(·, b)."""
+    addmm, x_view = m.operands["addmm"], m.operands["x_view"]
+    with graph.inserting_before(addmm):
+        mm = _new(graph, aten.mm.default, (addmm.args[1], addmm.args[2]))
+    mm.meta = dict(addmm.meta)
+    addmm.replace_all_uses_with(mm)
+    with graph.inserting_after(x_view):
+        call = _new(graph, torch.ops.advisor.bias_act.default,
+                                   (x_view, m.operands["bias"], m.operands["activation"], config))
+    m.outputs["y"].replace_all_uses_with(call)
+    return {addmm: mm, m.outputs["y"]: call}
+
+
+def _emit_merged_linear(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
+    """n linears reading x → one merged_linear (M, ΣN) and n column slices of it."""
+    outs = [m.outputs[f"out{i}"] for i in range(len(m.outputs))]
+    x2d = outs[0].args[1] if outs[0].target == aten.addmm.default else outs[0].args[0]
+    weights, biases = m.operands["weights"], m.operands["biases"]
+    after = _insert_point(graph, m, [x2d, *weights, *[b for b in biases if b is not None]])
+    with graph.inserting_after(after):
+        call = _new(graph, torch.ops.advisor.merged_linear.default, (x2d, weights, biases))
+    start, cursor, replaced = 0, call, {}
+    for out, w in zip(outs, weights):
+        rows = int(fake(w).shape[0])
+        with graph.inserting_after(cursor):
+            cursor = _new(graph, aten.slice.Tensor, (call, 1, start, start + rows))
+        out.replace_all_uses_with(cursor)
+        replaced[out] = cursor
+        start += rows
+    return replaced
+
+
+def emit(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
+    """Insert the fused op for `m`; returns {replaced node: its new value}. The replaced
+    nodes become dead (the caller runs DCE)."""
+    if m.kernel == "merged_linear":
+        return _emit_merged_linear(graph, m, config)
+    if m.kernel == "bias_act" and "addmm" in m.operands:
+        return _emit_bias_act_addmm(graph, m, config)
+    if m.kernel in KERNEL_ARGS:
+        return _emit_kernel(graph, m, config)
+    raise EmitError(f"no emitter for kernel {m.kernel!r}")

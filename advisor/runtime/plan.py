@@ -1,0 +1,45 @@
+"""Plans: which fusions are on, with which kernel config, CUDA graphs on/off.
+
+Frozen data. `FAMILIES` is the one table from a fusion family (what `analyze` reports)
+to the registry kernel that implements it; a plan may only name families listed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# family -> registry kernel id (advisor/kernels/registry.py) used when the family is on.
+FAMILIES: dict[str, str] = {
+    "rms_norm": "rms_norm",
+    "add_rms_norm": "add_rms_norm",
+    "layer_norm": "layer_norm",
+    "add_layer_norm": "add_layer_norm",
+    "gated_act": "gated_act",
+    "bias_act": "bias_act",
+    "rope": "rope_qk",
+    "qkv_merge": "merged_linear",
+    "gate_up_merge": "merged_linear",
+    "linear_merge": "merged_linear",
+}
+# Kernels without a Triton config space (nothing to tune).
+UNTUNED_KERNELS = {"merged_linear"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """fusions: enabled families; configs: family -> kernel config text ("" = default)."""
+
+    fusions: tuple[str, ...] = ()
+    configs: dict[str, str] = field(default_factory=dict)
+    cuda_graph: bool = False
+
+    def config_for(self, family: str) -> str:
+        return self.configs.get(family, "")
+
+    def to_json(self) -> dict:
+        return {"fusions": list(self.fusions), "configs": dict(sorted(self.configs.items())),
+                "cuda_graph": self.cuda_graph}
+
+
+UNFUSED = Plan()
+ALL_FUSIONS = Plan(fusions=tuple(FAMILIES))

@@ -1,0 +1,198 @@
+"""Recipes: versioned JSON (data only) holding the tuned plan per shape bucket.
+
+Loading never imports or executes anything from the file: kernels are named by registry
+id, configs are `name=int` text validated against the kernel's config space, and every
+field is type-checked; a bad field is a RecipeError naming its JSON path (RELIABILITY.md
+items 18–24). Writes are atomic (temp file + os.replace).
+
+Schema (schema_version 1)::
+
+    {"schema_version": 1, "kind": "advisor.recipe",
+     "model": {"fingerprint": str, "source": str, "dtype": str, "batch": int, "phase": str},
+     "environment": {"device": str, "capability": str|null, "torch": str, "triton": str, "advisor": str},
+     "beyond_largest": "largest" | "unfused",
+     "buckets": [{"max_len": int, "plan": {"fusions": [str], "configs": {str: str}, "cuda_graph": bool},
+                  "measured": {"unfused_ms": float, "tuned_ms": float, "max_error": float,
+                               "trials": int, "failures": {str: int}}}]}
+
+A hand-written plan file is also accepted: {"schema_version": 1, "kind": "advisor.plan",
+"fusions": [...], "configs": {...}, "cuda_graph": false} (one bucket covering every length).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from advisor.errors import RecipeError
+from advisor.kernels.space import decode
+from advisor.runtime.plan import FAMILIES, Plan
+
+SCHEMA_VERSION = 1
+BEYOND = ("largest", "unfused")
+MEASURED_FLOATS = ("unfused_ms", "tuned_ms", "max_error")
+
+
+@dataclass(frozen=True)
+class Bucket:
+    max_len: int                     # inclusive upper bound on sequence length
+    plan: Plan
+    measured: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    buckets: tuple[Bucket, ...]
+    model: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    beyond_largest: str = "largest"   # lengths past the last bucket: its plan, or unfused
+
+    def bucket_for(self, length: int) -> Bucket | None:
+        """Smallest bucket whose bound >= length; beyond the largest see `beyond_largest`."""
+        for b in self.buckets:
+            if length <= b.max_len:
+                return b
+        return self.buckets[-1] if self.beyond_largest == "largest" and self.buckets else None
+
+    def apply(self, model: Any, **kwargs: Any) -> Any:
+        from advisor.runtime.apply import apply
+
+        return apply(model, self, **kwargs)
+
+    def to_json(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION, "kind": "advisor.recipe",
+            "model": self.model, "environment": self.environment,
+            "beyond_largest": self.beyond_largest,
+            "buckets": [{"max_len": b.max_len, "plan": b.plan.to_json(), "measured": b.measured}
+                        for b in self.buckets],
+        }
+
+    @staticmethod
+    def from_plan(plan: Plan) -> Recipe:
+        return Recipe(buckets=(Bucket(max_len=2**31 - 1, plan=plan),))
+
+
+# ---- validation: every check names the JSON path it rejects -------------------------
+
+def _expect(cond: bool, path: str, what: str) -> None:
+    if not cond:
+        raise RecipeError(f"invalid recipe at {path}: {what}")
+
+
+def _keys(obj: Any, path: str, required: set[str], optional: set[str] = frozenset()) -> None:
+    _expect(isinstance(obj, dict), path, f"expected an object, got {type(obj).__name__}")
+    missing, unknown = required - set(obj), set(obj) - required - optional
+    _expect(not missing, path, f"missing field(s) {sorted(missing)}")
+    _expect(not unknown, path, f"unknown field(s) {sorted(unknown)}")
+
+
+def _plan(obj: Any, path: str) -> Plan:
+    _keys(obj, path, {"fusions"}, {"configs", "cuda_graph"})
+    fusions = obj["fusions"]
+    _expect(isinstance(fusions, list) and all(isinstance(f, str) for f in fusions),
+            f"{path}.fusions", "expected a list of family names")
+    for i, fam in enumerate(fusions):
+        _expect(fam in FAMILIES, f"{path}.fusions[{i}]", f"unknown fusion family {fam!r}")
+    configs = obj.get("configs", {})
+    _expect(isinstance(configs, dict), f"{path}.configs", "expected an object")
+    for fam, text in configs.items():
+        _expect(fam in FAMILIES, f"{path}.configs.{fam}", "unknown fusion family")
+        _expect(isinstance(text, str), f"{path}.configs.{fam}", "expected a config string")
+        try:
+            cfg = decode(text)
+        except ValueError as exc:
+            raise RecipeError(f"invalid recipe at {path}.configs.{fam}: {exc}") from None
+        for key, value in cfg.items():
+            _expect(1 <= value <= 65536, f"{path}.configs.{fam}.{key}", f"value {value} out of range")
+    cuda_graph = obj.get("cuda_graph", False)
+    _expect(isinstance(cuda_graph, bool), f"{path}.cuda_graph", "expected true/false")
+    return Plan(fusions=tuple(fusions), configs=dict(configs), cuda_graph=cuda_graph)
+
+
+def _measured(obj: Any, path: str) -> dict[str, Any]:
+    _expect(isinstance(obj, dict), path, "expected an object")
+    for key, value in obj.items():
+        if key in MEASURED_FLOATS:
+            _expect(isinstance(value, (int, float)) and not isinstance(value, bool)
+                    and math.isfinite(value) and value >= 0, f"{path}.{key}",
+                    f"expected a finite non-negative number, got {value!r}")
+    return dict(obj)
+
+
+def recipe_from_json(obj: Any) -> Recipe:
+    _expect(isinstance(obj, dict), "$", "expected a JSON object")
+    version = obj.get("schema_version")
+    _expect(version is not None, "$.schema_version", "missing")
+    if version != SCHEMA_VERSION:
+        raise RecipeError(f"recipe schema_version {version!r} is not supported by this advisor "
+                          f"(expects {SCHEMA_VERSION}); re-run `advisor tune` to regenerate it")
+    kind = obj.get("kind")
+    if kind == "advisor.plan":
+        body = {k: v for k, v in obj.items() if k not in ("schema_version", "kind")}
+        return Recipe.from_plan(_plan(body, "$"))
+    _expect(kind == "advisor.recipe", "$.kind", f"expected 'advisor.recipe' or 'advisor.plan', got {kind!r}")
+    _keys(obj, "$", {"schema_version", "kind", "buckets"}, {"model", "environment", "beyond_largest"})
+    for name in ("model", "environment"):
+        _expect(isinstance(obj.get(name, {}), dict), f"$.{name}", "expected an object")
+    beyond = obj.get("beyond_largest", "largest")
+    _expect(beyond in BEYOND, "$.beyond_largest", f"expected one of {BEYOND}")
+    raw = obj["buckets"]
+    _expect(isinstance(raw, list) and raw, "$.buckets", "expected a non-empty list")
+    buckets = []
+    for i, b in enumerate(raw):
+        p = f"$.buckets[{i}]"
+        _keys(b, p, {"max_len", "plan"}, {"measured"})
+        m = b["max_len"]
+        _expect(isinstance(m, int) and not isinstance(m, bool) and m >= 1, f"{p}.max_len", "expected a positive integer")
+        _expect(not buckets or m > buckets[-1].max_len, f"{p}.max_len", "buckets must be in increasing order")
+        buckets.append(Bucket(max_len=m, plan=_plan(b["plan"], f"{p}.plan"),
+                              measured=_measured(b.get("measured", {}), f"{p}.measured")))
+    return Recipe(buckets=tuple(buckets), model=dict(obj.get("model", {})),
+                  environment=dict(obj.get("environment", {})), beyond_largest=beyond)
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate a recipe (or plan) file. Example::
+
+        recipe = advisor.load_recipe("recipes/llama_hf-h200.json")
+        model = recipe.apply(model)
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise RecipeError(f"{p}: cannot read recipe: {exc.strerror}") from None
+    try:
+        obj = json.loads(text, parse_constant=lambda c: float(c))
+    except json.JSONDecodeError as exc:
+        raise RecipeError(f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+    try:
+        return recipe_from_json(obj)
+    except RecipeError as exc:
+        raise RecipeError(f"{p}: {exc}") from None
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> Path:
+    """Write JSON next to its destination, then os.replace: readers never see half a file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def save_recipe(recipe: Recipe, path: str | Path) -> Path:
+    return write_json_atomic(path, recipe.to_json())

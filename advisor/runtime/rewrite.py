@@ -1,0 +1,176 @@
+"""Rewrite an aten graph by a plan: each enabled site is confirmed, then replaced.
+
+A site is confirmed numerically before it is accepted: its subgraph is cut out into a
+small graph of its own, fed fresh random non-zero inputs of the site's shapes, and run
+once as captured and once with the fused op emitted; outputs must agree within the dtype's
+tolerance (NaN-free). Sites with one signature (family, shapes, dtypes, constants) are
+confirmed once. A site that fails is left unfused and reported with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from advisor.graph.capture import fake, hint
+from advisor.graph.match import Match, launches
+from advisor.graph.patterns import find_all
+from advisor.kernels.registry import all_kernels
+from advisor.kernels.testing import max_abs_error, max_violation, randn_nonzero, tolerance
+from advisor.runtime.emit import EmitError, emit
+from advisor.runtime.plan import Plan
+
+
+@dataclass(frozen=True)
+class SiteResult:
+    family: str
+    module: str
+    applied: bool
+    reason: str = ""          # why a site was left unfused
+    max_error: float = 0.0
+
+
+@dataclass(frozen=True)
+class RewriteReport:
+    sites: tuple[SiteResult, ...]
+    launches_before: int
+    launches_after: int
+    merged_weights: tuple[tuple[str, ...], ...] = ()   # parameter FQNs per merged group
+
+
+def _random_like(node: fx.Node, gen: torch.Generator) -> Any:
+    """A random non-zero tensor shaped like the node's value (a SymInt input: its hint)."""
+    val = node.meta.get("val")
+    if isinstance(val, (int, torch.SymInt)):
+        return hint(val)
+    t = fake(node)
+    if t is None:
+        raise EmitError(f"operand {node.name} has no tensor metadata")
+    shape = tuple(hint(s) for s in t.shape)
+    if not t.dtype.is_floating_point:
+        raise EmitError(f"operand {node.name} is {t.dtype}; cannot confirm with random floats")
+    return randn_nonzero(shape, t.dtype, t.device, gen)
+
+
+def extract(m: Match) -> tuple[fx.GraphModule, list[fx.Node], Match]:
+    """The match as a standalone graph: placeholders for its external inputs, outputs for
+    its outputs; returns the graph, the original input nodes and the match remapped."""
+    graph, env = fx.Graph(), {}
+    inputs = m.external_inputs()
+    for node in inputs:
+        env[node] = graph.placeholder(node.name)
+        env[node].meta = dict(node.meta)
+    for node in sorted(m.nodes, key=_order(m)):
+        env[node] = graph.node_copy(node, lambda a: env[a])
+    outs = list(m.outputs.values())
+    graph.output(tuple(env[o] for o in outs))
+    remap = lambda v: env.get(v, v) if isinstance(v, fx.Node) else (
+        [remap(x) for x in v] if isinstance(v, list) else v)
+    local = Match(m.family, m.kernel, m.module, tuple(env[n] for n in m.nodes),
+                  {k: remap(v) for k, v in m.operands.items()},
+                  {k: env[v] for k, v in m.outputs.items()})
+    return fx.GraphModule(torch.nn.Module(), graph), inputs, local
+
+
+def _order(m: Match) -> Any:
+    graph_pos = {n: i for i, n in enumerate(m.nodes[0].graph.nodes)}
+    return graph_pos.__getitem__
+
+
+def _signature(m: Match, config: str) -> tuple:
+    shapes = tuple((tuple(hint(s) for s in t.shape), t.dtype) if (t := fake(n)) is not None else None
+                   for n in m.external_inputs())
+    consts = tuple(sorted((k, v) for k, v in m.operands.items() if isinstance(v, (int, float, str, bool))))
+    return (m.family, shapes, consts, config)
+
+
+def confirm(m: Match, config: str, seed: int = 0) -> float:
+    """Max abs error of the fused op vs the captured subgraph on random inputs; raises
+    EmitError when they disagree beyond the dtype's tolerance."""
+    ref_gm, inputs, _ = extract(m)
+    fused_gm, _, local = extract(m)
+    emit(fused_gm.graph, local, config)
+    fused_gm.graph.eliminate_dead_code()
+    fused_gm.recompile()
+    gen = torch.Generator().manual_seed(seed)
+    # Compilers run under the tracer's fake mode: confirm on real tensors.
+    with unset_fake_temporarily(), torch.inference_mode():
+        args = [_random_like(n, gen) for n in inputs]
+        want, got = ref_gm(*args), fused_gm(*args)
+        return _compare(want, got)
+
+
+def _compare(want: tuple, got: tuple) -> float:
+    worst = 0.0
+    for w, g in zip(want, got):
+        tol = tolerance(w.dtype)
+        if max_violation(g, w, tol) > 0:
+            raise EmitError(f"numerical mismatch: max |err| {max_abs_error(g, w):.3g} "
+                            f"beyond atol {tol.atol} + rtol {tol.rtol}")
+        worst = max(worst, max_abs_error(g, w))
+    return worst
+
+
+def _count_launches(gm: fx.GraphModule) -> int:
+    return sum(launches(n) for n in gm.graph.nodes)
+
+
+def _site_key(m: Match) -> tuple:
+    return (m.family, m.module, tuple(sorted(o.name for o in m.outputs.values())))
+
+
+def _next_site(gm: fx.GraphModule, params: dict[str, str], plan: Plan, tried: set[tuple]) -> Match | None:
+    for m in find_all(gm, params):
+        if m.kernel is not None and m.family in plan.fusions and _site_key(m) not in tried:
+            return m
+    return None
+
+
+def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
+            cache: dict[tuple, float | str] | None = None) -> RewriteReport:
+    """Apply `plan` to `gm` in place; returns what happened at every matched site.
+
+    Sites are taken one at a time and the graph is matched again after each rewrite, so
+    a fusion sees the graph as earlier fusions left it (e.g. the residual that the
+    previous add+norm now produces)."""
+    cache = {} if cache is None else cache
+    all_kernels()  # importing the kernel modules registers their custom ops
+    before, params = _count_launches(gm), dict(params)
+    results, merged, tried = [], [], set()
+    while (m := _next_site(gm, params, plan, tried)) is not None:
+        tried.add(_site_key(m))
+        config = plan.config_for(m.family)
+        key = _signature(m, config)
+        if key not in cache:
+            cache[key] = _confirm_or_reason(m, config)
+        if isinstance(cache[key], str):
+            results.append(SiteResult(m.family, m.module, False, cache[key]))
+            continue
+        try:
+            emit(gm.graph, m, config)
+        except EmitError as exc:
+            results.append(SiteResult(m.family, m.module, False, str(exc)))
+            continue
+        gm.graph.eliminate_dead_code()
+        if m.kernel == "merged_linear":
+            merged.append(tuple(params.get(w.name, "") for w in m.operands["weights"]))
+        results.append(SiteResult(m.family, m.module, True, max_error=float(cache[key])))
+    gm.graph.lint()
+    gm.recompile()
+    return RewriteReport(tuple(results), before, _count_launches(gm), tuple(merged))
+
+
+def _confirm_or_reason(m: Match, config: str) -> float | str:
+    """The confirmed max error, or why the site must stay unfused."""
+    try:
+        return confirm(m, config)
+    except EmitError as exc:
+        return str(exc)
+    except Exception as exc:  # a kernel that fails to compile or run
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return f"{type(exc).__name__}: {first}"
