@@ -12,13 +12,11 @@ not adjacent (e.g. apply was bypassed) still compute correctly through `torch.ca
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-_warned = False
+COPIES = 0  # per-call weight concatenations (diagnostics)
 
 
 def reference(x: Tensor, weights: list[Tensor], biases: list[Tensor | None]) -> Tensor:
@@ -44,14 +42,13 @@ def adjacent_view(weights: list[Tensor]) -> Tensor | None:
 
 
 def merged_weight(weights: list[Tensor]) -> Tensor:
-    global _warned
+    """The merged (ΣN, K) weight: a view when adjacent, else a per-call copy (counted in
+    `COPIES`; expected only on the call during which apply() lays the weights out)."""
+    global COPIES
     view = adjacent_view(weights)
     if view is not None:
         return view
-    if not _warned:
-        warnings.warn("advisor: merged_linear weights are not adjacent; concatenating per call "
-                      "(apply() arranges them once — was it bypassed?)", stacklevel=2)
-        _warned = True
+    COPIES += 1
     return torch.cat(weights, dim=0)
 
 

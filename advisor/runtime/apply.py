@@ -70,7 +70,7 @@ def _env_mismatch(recorded: dict[str, Any]) -> list[str]:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     here = environment(torch.device(device))
-    keys = ("device", "capability", "torch", "triton", "advisor")
+    keys = ("device_name", "capability", "torch", "triton", "advisor")
     return [f"{k}: recipe {recorded.get(k)!r} != here {here.get(k)!r}"
             for k in keys if k in recorded and recorded.get(k) != here.get(k)]
 

@@ -32,6 +32,15 @@ def activation_of(node: Any) -> tuple[str, Any, list[fx.Node]] | None:
     return None
 
 
+def _view_chain(top: fx.Node, bottom: fx.Node) -> list[fx.Node]:
+    """The view nodes from `bottom` up to `top` (inclusive of top, exclusive of bottom)."""
+    chain = []
+    while top is not bottom:
+        chain.append(top)
+        top = top.args[0]
+    return chain[::-1]
+
+
 def find_gated(gm: fx.GraphModule) -> list[Match]:
     found = []
     for node in gm.graph.nodes:
@@ -64,8 +73,9 @@ def find_bias_act(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
         if is_op(src, aten.addmm.default) and len(src.users) == 1:
             bias = src.args[0]
             if isinstance(bias, fx.Node) and bias.name in params:
+                views = _view_chain(pre, src)
                 operands = {"addmm": src, "x_view": pre, "bias": bias, "activation": name}
-                found.append(Match("bias_act", "bias_act", module_path(node), (src, *nodes),
+                found.append(Match("bias_act", "bias_act", module_path(node), (src, *views, *nodes),
                                    operands, {"y": node}))
             continue
         if is_op(pre, aten.add.Tensor) and len(pre.users) == 1:

@@ -1,0 +1,110 @@
+"""`advisor analyze`: latency budget and priced fusion candidates per requested shape.
+
+Pure orchestration returning data (`Analysis`); the CLI renders it and `to_json` gives the
+documented, versioned JSON (schema "advisor.analysis", version 1):
+
+    {"schema_version": 1, "kind": "advisor.analysis", "model": str, "device": str,
+     "dtype": str, "batch": int, "environment": {...}, "ceilings": {...},
+     "shapes": [{"seq_len": int, "verdict": str, "gpu_busy_fraction": float,
+                 "budget": {"wall_ms": float, "plain_wall_ms": float,
+                            "categories": {"launch_host"|"memory"|"compute"|"idle_sync": ms},
+                            "ops": [{op, module, calls, kernels, device_ms, launch_host_ms,
+                                     idle_sync_ms, memory_ms, compute_ms, flops, bytes,
+                                     intensity, roofline, achieved_gbps, achieved_tflops}]},
+                 "candidates": [{family, kernel, applicable, sites, count, launches_removed,
+                                 bytes_avoided, predicted_saving_ms}]}]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from advisor.graph.candidates import Candidate, Costs, candidates, matches_of
+from advisor.graph.capture import capture
+from advisor.loader import ModelFile, build, checked_forward, inputs_for
+from advisor.profile import Budget, Ceilings, gpu_busy_fraction, profile_model, verdict
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ShapeAnalysis:
+    seq_len: int
+    budget: Budget
+    verdict: str
+    gpu_busy_fraction: float
+    candidates: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True)
+class Analysis:
+    model: str
+    device: str
+    dtype: str
+    batch: int
+    environment: dict[str, Any]
+    ceilings: Ceilings
+    shapes: tuple[ShapeAnalysis, ...]
+
+
+def costs_from(ceilings: Ceilings) -> Costs:
+    return Costs(launch_us=ceilings.launch_us, copy_gbps=ceilings.copy_gbps)
+
+
+def find_candidates(model: torch.nn.Module, inputs: Any, ceilings: Ceilings) -> tuple[Candidate, ...]:
+    return tuple(candidates(matches_of(capture(model, inputs)), costs_from(ceilings)))
+
+
+def analyze_shape(mf: ModelFile, model: torch.nn.Module, seq_len: int, batch: int,
+                  device: torch.device, dtype: torch.dtype, ceilings: Ceilings, *,
+                  iters: int = 5, trace_path: Path | None = None) -> ShapeAnalysis:
+    inputs = inputs_for(mf, seq_len, batch, device)
+    checked_forward(mf, model, inputs)  # a raising forward is one clear error, first
+    budget = profile_model(model, inputs, device, dtype, ceilings=ceilings, iters=iters,
+                           trace_path=trace_path)
+    return ShapeAnalysis(seq_len, budget, verdict(budget), gpu_busy_fraction(budget),
+                         find_candidates(model, inputs, ceilings))
+
+
+def analyze(mf: ModelFile, shapes: tuple[int, ...], batch: int, device: torch.device,
+            dtype: torch.dtype, ceilings: Ceilings, *, iters: int = 5,
+            trace_dir: Path | None = None) -> Analysis:
+    from advisor.env import environment
+
+    model = build(mf, device, dtype)
+    results = []
+    for seq_len in shapes:
+        trace = trace_dir / f"trace-{seq_len}.json" if trace_dir else None
+        results.append(analyze_shape(mf, model, seq_len, batch, device, dtype, ceilings,
+                                     iters=iters, trace_path=trace))
+    return Analysis(str(mf.path), str(device), str(dtype).replace("torch.", ""), batch,
+                    environment(device), ceilings, tuple(results))
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, float) and obj != obj:  # NaN is not JSON
+        return None
+    return obj
+
+
+def to_json(a: Analysis) -> dict[str, Any]:
+    shapes = []
+    for s in a.shapes:
+        cands = [{**_plain(c), "applicable": c.applicable} for c in s.candidates]
+        shapes.append({"seq_len": s.seq_len, "verdict": s.verdict,
+                       "gpu_busy_fraction": s.gpu_busy_fraction,
+                       "budget": _plain(s.budget), "candidates": cands})
+    return {"schema_version": SCHEMA_VERSION, "kind": "advisor.analysis", "model": a.model,
+            "device": a.device, "dtype": a.dtype, "batch": a.batch,
+            "environment": a.environment, "ceilings": _plain(a.ceilings), "shapes": shapes}

@@ -1,0 +1,135 @@
+"""The `advisor` command line: thin wrappers that parse, call, render.
+
+Every user error (bad model file, bad flags, corrupt recipe) is one line on stderr and
+exit code 2, with nothing written.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from advisor.errors import AdvisorError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Profiler-driven kernel-fusion advisor and auto-tuner for PyTorch inference.")
+out = Console()
+err = Console(stderr=True)
+
+ModelArg = Annotated[Path, typer.Argument(help="model file defining build_model and make_inputs")]
+ShapesOpt = Annotated[str, typer.Option("--shapes", help="sequence lengths, e.g. 128,512,2048")]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="cuda or cpu (default: cuda if present)")]
+DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="bf16/fp16/fp32 (default: bf16 on cuda, fp32 on cpu)")]
+BatchOpt = Annotated[int, typer.Option("--batch", min=1, help="sequences per forward")]
+
+
+def _device_dtype(device: str | None, dtype: str | None):
+    import torch
+
+    from advisor.loader import parse_device, parse_dtype
+
+    dev = parse_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return dev, parse_dtype(dtype or ("bf16" if dev.type == "cuda" else "fp32"))
+
+
+@app.command()
+def analyze(
+    model: ModelArg,
+    shapes: ShapesOpt = "128",
+    batch: BatchOpt = 1,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    iters: Annotated[int, typer.Option(min=1, help="profiled forwards per shape")] = 5,
+    top: Annotated[int, typer.Option(min=1, help="ops to list per shape")] = 10,
+    json_path: Annotated[Path | None, typer.Option("--json", help="write the analysis JSON here")] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="folder for Chrome/Perfetto traces")] = None,
+) -> None:
+    """Where does the time go, and what should be fused? Budget + ranked candidates."""
+    from advisor.analyze import analyze as run, to_json
+    from advisor.loader import load_model_file, parse_shapes
+    from advisor.profile import load_or_measure
+    from advisor.report.console import render_analysis
+    from advisor.runtime.recipe import write_json_atomic
+
+    lengths = parse_shapes(shapes)
+    mf = load_model_file(model)
+    dev, dt = _device_dtype(device, dtype)
+    ceilings = load_or_measure(dev)
+    if trace is not None:
+        trace.mkdir(parents=True, exist_ok=True)
+    result = run(mf, lengths, batch, dev, dt, ceilings, iters=iters, trace_dir=trace)
+    render_analysis(result, out, top=top)
+    if json_path is not None:
+        write_json_atomic(json_path, to_json(result))
+        out.print(f"[dim]wrote {json_path}[/dim]")
+
+
+@app.command("device")
+def device_cmd(
+    device: DeviceOpt = None,
+    refresh: Annotated[bool, typer.Option(help="measure again instead of using the cache")] = False,
+) -> None:
+    """Show the measured ceilings of this device (cached per device and versions)."""
+    from advisor.profile import load_or_measure
+    from advisor.report.console import render_ceilings
+
+    dev, _ = _device_dtype(device, None)
+    render_ceilings(load_or_measure(dev, refresh=refresh), out)
+
+
+@app.command()
+def bench(
+    model: ModelArg,
+    shapes: ShapesOpt = "128",
+    recipe: Annotated[Path | None, typer.Option(help="recipe or hand-written plan JSON")] = None,
+    batch: BatchOpt = 1,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    compile_modes: Annotated[str, typer.Option("--compile", help="torch.compile modes to compare: default,reduce-overhead or none")] = "default",
+    json_path: Annotated[Path | None, typer.Option("--json", help="write the results JSON here")] = None,
+) -> None:
+    """Eager vs torch.compile vs the recipe, measured in one run, checked against eager."""
+    from advisor.bench import run_bench, to_json
+    from advisor.loader import load_model_file, parse_shapes
+    from advisor.report.console import render_rows
+    from advisor.runtime.plan import ALL_FUSIONS
+    from advisor.runtime.recipe import Recipe, load_recipe, write_json_atomic
+
+    lengths = parse_shapes(shapes)
+    mf = load_model_file(model)
+    rec = load_recipe(recipe) if recipe else Recipe.from_plan(ALL_FUSIONS)
+    dev, dt = _device_dtype(device, dtype)
+    modes = tuple(m for m in compile_modes.split(",") if m and m != "none")
+    result = run_bench(mf, rec, lengths, batch, dev, dt, modes)
+    render_rows("latency per forward (median)", result.rows, out)
+    render_rows("fusions applied", result.applied, out)
+    if json_path is not None:
+        write_json_atomic(json_path, to_json(result))
+        out.print(f"[dim]wrote {json_path}[/dim]")
+
+
+def main() -> None:
+    """Console entry point: AdvisorError -> one line on stderr, exit code 2."""
+    try:
+        app(standalone_mode=False)
+    except AdvisorError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("aborted")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors and the like
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(2)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Rich console rendering of what the computations return (no computation here)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from advisor.analyze import Analysis, ShapeAnalysis
+from advisor.profile import Ceilings, top_ops
+
+CATEGORY_STYLE = {
+    "launch_host": ("launch/host", "magenta"),
+    "memory": ("memory", "cyan"),
+    "compute": ("compute", "green"),
+    "idle_sync": ("idle/sync", "grey50"),
+}
+BAR_WIDTH = 60
+
+
+def budget_bar(categories: dict[str, float], width: int = BAR_WIDTH) -> Text:
+    """A stacked bar of the wall-time split, with a legend of shares."""
+    total = sum(categories.values()) or 1.0
+    bar, legend = Text(), Text()
+    for key, (label, style) in CATEGORY_STYLE.items():
+        ms = categories.get(key, 0.0)
+        bar.append("█" * round(width * ms / total), style=style)
+        legend.append(f"  {label} {ms:.3f} ms ({100 * ms / total:.0f}%)", style=style)
+    return Text.assemble(bar, "\n", legend)
+
+
+def _ops_table(s: ShapeAnalysis, n: int) -> Table:
+    t = Table(title=f"top ops at {s.seq_len} tokens", title_justify="left", show_lines=False)
+    for col in ("op", "module", "calls", "device ms", "launch/host ms", "roofline", "GB/s", "TFLOP/s"):
+        t.add_column(col, justify="left" if col in ("op", "module", "roofline") else "right")
+    for r in top_ops(s.budget, n):
+        t.add_row(r.op, r.module or "-", str(r.calls), f"{r.device_ms:.3f}",
+                  f"{r.launch_host_ms:.3f}", r.roofline, f"{r.achieved_gbps:.0f}",
+                  f"{r.achieved_tflops:.1f}")
+    return t
+
+
+def _candidates_table(s: ShapeAnalysis) -> Table:
+    t = Table(title=f"fusion candidates at {s.seq_len} tokens (ranked by predicted saving)",
+              title_justify="left")
+    for col in ("#", "family", "sites", "launches removed", "bytes avoided", "predicted saving",
+                "kernel"):
+        t.add_column(col, justify="left" if col in ("family", "kernel") else "right")
+    for i, c in enumerate(s.candidates, 1):
+        t.add_row(str(i), c.family, str(c.count), str(c.launches_removed), _bytes(c.bytes_avoided),
+                  f"{c.predicted_saving_ms:.3f} ms", c.kernel or "[dim]analysis only[/dim]")
+    return t
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
+            return f"{n:.0f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def render_analysis(a: Analysis, console: Console, top: int = 10) -> None:
+    console.print(f"[bold]{a.model}[/bold] on {a.ceilings.device_name} ({a.device}), "
+                  f"{a.dtype}, batch {a.batch}")
+    for s in a.shapes:
+        b = s.budget
+        head = Text.assemble(
+            (f"\n{s.seq_len} tokens: ", "bold"), f"{b.wall_ms:.3f} ms per forward (profiled; ",
+            f"{b.plain_wall_ms:.3f} ms unprofiled), GPU busy {100 * s.gpu_busy_fraction:.0f}% → ",
+            (s.verdict, "bold yellow"))
+        console.print(Group(head, budget_bar(b.categories)))
+        console.print(_ops_table(s, top))
+        console.print(_candidates_table(s))
+
+
+def render_ceilings(c: Ceilings, console: Console) -> None:
+    t = Table(title=f"measured ceilings: {c.device_name}", title_justify="left")
+    t.add_column("ceiling")
+    t.add_column("value", justify="right")
+    t.add_row("copy bandwidth (read+write)", f"{c.copy_gbps:.0f} GB/s")
+    for dtype, tf in sorted(c.matmul_tflops.items()):
+        t.add_row(f"matmul {dtype}", f"{tf:.1f} TFLOP/s")
+    t.add_row("eager launch (host)", f"{c.launch_us:.2f} µs")
+    t.add_row("launch in CUDA graph", "-" if c.graph_launch_us is None else f"{c.graph_launch_us:.2f} µs")
+    t.add_row("measured", c.measured_at)
+    console.print(t)
+    console.print(f"[dim]{c.method}[/dim]")
+
+
+def render_rows(title: str, rows: Iterable[dict[str, Any]], console: Console) -> None:
+    """A plain table of dict rows (apply summaries, bench results)."""
+    rows = list(rows)
+    if not rows:
+        return
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    t = Table(title=title, title_justify="left")
+    for col in cols:
+        t.add_column(col)
+    for r in rows:
+        t.add_row(*[_cell(r.get(c)) for c in cols])
+    console.print(t)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        return "; ".join(map(str, v))[:120] or "-"
+    return str(v)

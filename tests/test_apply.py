@@ -1,0 +1,97 @@
+"""apply(): the rewritten model matches the original in and across buckets, with fewer
+launches, without recompiling inside a bucket; nothing global is patched."""
+
+import pytest
+import torch
+
+from advisor.kernels.testing import max_violation, tolerance
+from advisor.loader import build, call, first_tensor, inputs_for, load_model_file
+from advisor.runtime.apply import apply
+from advisor.runtime.plan import ALL_FUSIONS, Plan
+from advisor.runtime.recipe import Bucket, Recipe
+from tests.hf_models import ids, tiny_hf
+
+CPU = torch.device("cpu")
+
+
+def _check_close(out, ref, dtype):
+    excess = max_violation(first_tensor(out), first_tensor(ref), tolerance(dtype, model=True))
+    assert excess <= 0, f"exceeds tolerance by {excess}"
+
+
+def _two_buckets(plan: Plan) -> Recipe:
+    return Recipe(buckets=(Bucket(8, plan), Bucket(32, plan)))
+
+
+@pytest.mark.parametrize("path", ["examples/tiny_llama.py", "examples/llama_hf.py"])
+def test_examples_all_fusions_match_and_do_not_recompile(path):
+    mf = load_model_file(path)
+    model = build(mf, CPU, torch.float32)
+    lengths = (3, 5, 8, 13, 21)  # in and across the two buckets
+    refs = {t: call(model, inputs_for(mf, t, 2, CPU)) for t in lengths}
+    fast = apply(model, _two_buckets(ALL_FUSIONS))
+    for t in lengths:
+        _check_close(call(fast, inputs_for(mf, t, 2, CPU)), refs[t], torch.float32)
+    summary = fast.summary()
+    totals = [r for r in summary if r["family"] == "(all)"]
+    assert [r["compiles"] for r in totals] == [1, 1], totals  # one compile per bucket
+    assert all(r["launches_after"] < r["launches_before"] for r in totals)
+    applied = {r["family"]: r["applied"] for r in summary if r["bucket"] == 8 and "applied" in r}
+    for fam in ("add_rms_norm", "rms_norm", "gated_act", "rope", "qkv_merge", "gate_up_merge"):
+        assert applied[fam] > 0, (fam, summary)
+
+
+@pytest.mark.parametrize("family", ["Gemma", "Qwen2", "GPTNeoX"])
+def test_other_transformers_families(family):
+    model = tiny_hf(family)
+    refs = {t: model(**ids(t)) for t in (4, 11)}
+    fast = apply(model, ALL_FUSIONS)
+    for t, ref in refs.items():
+        _check_close(fast(**ids(t)), ref, torch.float32)
+    totals = [r for r in fast.summary() if r["family"] == "(all)"][0]
+    assert totals["compiles"] == 1 and totals["launches_after"] < totals["launches_before"]
+
+
+def test_bf16_model_within_tolerance():
+    model = tiny_hf("Llama", torch.bfloat16)
+    ref = model(**ids(9))
+    fast = apply(model, ALL_FUSIONS)
+    _check_close(fast(**ids(9)), ref, torch.bfloat16)
+
+
+def test_beyond_largest_bucket_and_unfused_plan():
+    mf = load_model_file("examples/tiny_llama.py")
+    model = build(mf, CPU, torch.float32)
+    recipe = Recipe(buckets=(Bucket(4, ALL_FUSIONS),), beyond_largest="unfused")
+    fast = apply(model, recipe)
+    x = inputs_for(mf, 6, 1, CPU)
+    _check_close(call(fast, x), call(model, x), torch.float32)
+    assert fast.buckets[4].compiles == 0  # the 6-token call ran the original model
+
+
+def test_apply_patches_nothing_global_and_is_reversible():
+    mf = load_model_file("examples/tiny_llama.py")
+    model = build(mf, CPU, torch.float32)
+    x = inputs_for(mf, 5, 1, CPU)
+    before = call(model, x)
+    forward_before = type(model).forward
+    fast = apply(model, ALL_FUSIONS)
+    call(fast, x)
+    assert type(model).forward is forward_before
+    assert fast.remove() is model
+    _check_close(call(model, x), before, torch.float32)
+
+
+def test_site_that_fails_confirmation_is_left_unfused(monkeypatch):
+    """A kernel returning wrong values at a site is caught before use and reported."""
+    import advisor.kernels.gated_act as ga
+
+    real = ga.reference
+    monkeypatch.setattr(ga, "launch_gated_act", lambda *a, **k: real(*a[:3]) * 1.5, raising=False)
+    monkeypatch.setattr(ga, "reference", lambda *a, **k: real(*a, **k) * 1.5)
+    model = tiny_hf("Llama")
+    ref = model(**ids(6))
+    fast = apply(model, Plan(fusions=("gated_act",)))
+    _check_close(fast(**ids(6)), ref, torch.float32)
+    row = next(r for r in fast.summary() if r["family"] == "gated_act")
+    assert row["applied"] == 0 and row["unfused"] and "mismatch" in row["unfused"][0]

@@ -1,0 +1,69 @@
+"""Model-file contract and CLI errors: one clear line, exit code 2, nothing written."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from advisor.errors import ModelFileError
+from advisor.loader import load_model_file, parse_shapes
+
+GOOD = """
+import torch
+def build_model(device, dtype):
+    return torch.nn.Linear(8, 8).to(device=device, dtype=dtype)
+def make_inputs(seq_len, batch, device):
+    return (torch.randn(batch, seq_len, 8, device=device),)
+"""
+
+BAD = {
+    "syntax": ("def build_model(:\n", "syntax error"),
+    "import": ("import not_a_module_xyz\n", "import failed: ModuleNotFoundError"),
+    "missing": ("def build_model(device, dtype):\n    pass\n", "missing function make_inputs"),
+    "forward": (GOOD.replace("return torch.nn.Linear(8, 8)", "return torch.nn.Linear(9, 8)"),
+                "forward failed: RuntimeError"),
+    "build": (GOOD.replace("return torch.nn.Linear(8, 8).to(device=device, dtype=dtype)",
+                           "raise ValueError('no weights')"), "build_model failed: ValueError: no weights"),
+}
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "advisor.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_model_files_give_one_line_and_exit_2(tmp_path, case):
+    source, expected = BAD[case]
+    model = tmp_path / "model.py"
+    model.write_text(source)
+    out_json = tmp_path / "out.json"
+    proc = _run("analyze", str(model), "--shapes", "4", "--device", "cpu", "--json", str(out_json),
+                "--iters", "1", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and expected in lines[0] and "model.py" in lines[0], proc.stderr
+    assert not out_json.exists()
+
+
+def test_missing_file_and_bad_flags(tmp_path):
+    proc = _run("analyze", str(tmp_path / "nope.py"), "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 2 and "no such model file" in proc.stderr
+    (tmp_path / "m.py").write_text(GOOD)
+    proc = _run("analyze", str(tmp_path / "m.py"), "--shapes", "a,b", "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 2 and "--shapes" in proc.stderr
+    proc = _run("analyze", str(tmp_path / "m.py"), "--dtype", "int3", "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 2 and "unknown dtype" in proc.stderr
+
+
+def test_parse_shapes():
+    assert parse_shapes("512, 128,2048,128") == (128, 512, 2048)
+    with pytest.raises(ModelFileError):
+        parse_shapes("0,4")
+
+
+def test_load_good_file(tmp_path):
+    (tmp_path / "m.py").write_text(GOOD)
+    mf = load_model_file(tmp_path / "m.py")
+    assert mf.make_decode_inputs is None and len(mf.sha256) == 64

@@ -1,0 +1,78 @@
+"""Candidate detection on models written differently: what a graph computes, not names."""
+
+import pytest
+import torch
+
+from advisor.graph.candidates import Costs, candidates, matches_of
+from advisor.graph.capture import capture, clean_path
+from advisor.loader import build, inputs_for, load_model_file
+from tests.hf_models import ids, tiny_hf
+
+COSTS = Costs(launch_us=8.0, copy_gbps=4000.0)
+
+
+def _families(model, inputs) -> dict[str, int]:
+    return {c.family: c.count for c in candidates(matches_of(capture(model, inputs)), COSTS)}
+
+
+@pytest.mark.parametrize("path", ["examples/tiny_llama.py", "examples/llama_hf.py"])
+def test_examples_find_the_core_families(path):
+    mf = load_model_file(path)
+    model = build(mf, torch.device("cpu"), torch.bfloat16)
+    fams = _families(model, inputs_for(mf, 7, 1, torch.device("cpu")))
+    # 2 layers: 4 residual add+norm sites (incl. across the layer boundary and into the
+    # final norm), one plain norm (first layer), RoPE, QKV and gate/up merges, SwiGLU.
+    assert fams["add_rms_norm"] == 4 and fams["rms_norm"] == 1
+    assert fams["rope"] == 2 and fams["qkv_merge"] == 2
+    assert fams["gated_act"] == 2 and fams["gate_up_merge"] == 2
+    assert fams["attention_rope"] == 2
+
+
+@pytest.mark.parametrize("family,expect", [
+    ("Gemma", {"add_rms_norm": 4, "gated_act": 2, "rope": 2, "qkv_merge": 2}),    # (1+w), GeGLU-tanh
+    ("Qwen2", {"add_rms_norm": 4, "qkv_merge": 2, "rope": 2}),                   # q/k/v with bias
+    ("GPTNeoX", {"add_layer_norm": 2, "layer_norm": 3, "bias_act": 2, "rope": 2}),  # LayerNorm, GeLU+bias, partial rotary
+    ("Phi3", {"add_rms_norm": 4, "gated_act": 2, "rope": 2}),                     # merged qkv/gate_up projections
+])
+def test_transformers_families(family, expect):
+    fams = _families(tiny_hf(family), ids(7, batch=1))
+    for fam, count in expect.items():
+        assert fams.get(fam) == count, (fam, fams)
+
+
+def test_candidates_are_priced_and_ranked():
+    mf = load_model_file("examples/tiny_llama.py")
+    model = build(mf, torch.device("cpu"), torch.float32)
+    cands = candidates(matches_of(capture(model, inputs_for(mf, 8, 1, torch.device("cpu")))), COSTS)
+    savings = [c.predicted_saving_ms for c in cands]
+    assert savings == sorted(savings, reverse=True)
+    add_norm = next(c for c in cands if c.family == "add_rms_norm")
+    # Eager add+RMSNorm in fp32: add, pow, mean, add eps, rsqrt, mul, mul w = 7 kernels -> 1.
+    assert add_norm.launches_removed == 4 * 6
+    assert add_norm.bytes_avoided > 0
+    expected = add_norm.launches_removed * 8e-3 + add_norm.bytes_avoided / 4e12 * 1e3
+    assert add_norm.predicted_saving_ms == pytest.approx(expected)
+
+
+def test_hand_written_spellings():
+    """x*x instead of pow, x/sqrt instead of rsqrt, sigmoid-form SiLU, (1+w) weights."""
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.rand(24) + 0.5)
+            self.up = torch.nn.Linear(24, 40, bias=False)
+            self.gate = torch.nn.Linear(24, 40, bias=False)
+
+        def forward(self, x, r):
+            h = r + x
+            n = h / torch.sqrt((h * h).mean(dim=-1, keepdim=True) + 1e-6) * (1 + self.w)
+            g = self.gate(n)
+            return g * torch.sigmoid(g) * self.up(n), h
+
+    fams = _families(Odd(), (torch.randn(2, 5, 24), torch.randn(2, 5, 24)))
+    assert fams["add_rms_norm"] == 1 and fams["gated_act"] == 1 and fams["gate_up_merge"] == 1
+
+
+def test_clean_path():
+    assert clean_path("L['args'][0].model.layers[0].mlp") == "model.layers.0.mlp"
+    assert clean_path("L['self']._modules['layers']._modules['3'].attn") == "layers.3.attn"
