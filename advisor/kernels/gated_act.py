@@ -1,0 +1,403 @@
+"""Gated activation: `act(gate) * up` in one pass (SwiGLU, GeGLU, ReGLU).
+
+The MLP of Llama/Mistral/Qwen computes `down(act(gate(x)) * up(x))`. Eager torch runs
+`act(gate)` and the product as two kernels, writing `act(gate)` to HBM and reading it back:
+
+    unfused bytes = read gate + write a + read a + read up + write out = 5 · rows · N · elt
+    fused bytes   = read gate + read up + write out                    = 3 · rows · N · elt
+    saved         = 2 · rows · N · elt  (Llama-3-8B, N=14336, bf16: 57 KB per token), 1 launch.
+
+`gated_act_merged` reads a merged projection output `gu = [gate | up]` of width 2N (Phi-3's
+`gate_up_proj`, vLLM's `MergedColumnParallelLinear`) with the same kernel: the halves are
+strided views, so `torch.chunk` costs no copy.
+
+The activation math (`silu`, `gelu_erf`, `gelu_tanh`, `relu`, `apply_activation`) and its
+torch twin `activation_ref` live here once; `bias_act` imports them, and so does the shared
+2-D elementwise config space `SPACE`.
+
+Example (CPU needs TRITON_INTERPRET=1; on CUDA it runs the compiled kernel)::
+
+    import torch, advisor.kernels.gated_act as ga
+    g, u = torch.randn(4, 1000), torch.randn(4, 1000)
+    out = torch.ops.advisor.gated_act(g, u, "silu", "")      # == silu(g) * u
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from advisor.kernels._triton import check, check_float, interpreting, resources, triton_can_run
+from advisor.kernels.registry import KernelSpec, register
+from advisor.kernels.space import Config, ConfigSpace, Problem, decode
+from advisor.kernels.testing import randn_nonzero
+
+# Activation name -> constexpr code of `apply_activation` (and index used by make_inputs).
+ACTIVATIONS: dict[str, int] = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}
+
+
+def activation_ref(name: str, x: torch.Tensor) -> torch.Tensor:
+    """Eager activation on an fp32 tensor; the torch twin of `apply_activation`."""
+    if name == "silu":
+        return F.silu(x)
+    if name == "gelu":
+        return F.gelu(x)  # erf form, as nn.GELU() / HF "gelu"
+    if name == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")  # HF "gelu_pytorch_tanh" / "gelu_new"
+    if name == "relu":
+        return F.relu(x)
+    raise ValueError(f"unknown activation {name!r}; known: {sorted(ACTIVATIONS)}")
+
+
+def reference(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+    """`act(gate) * up` in fp32, cast to gate.dtype. gate, up: (..., N)."""
+    return (activation_ref(activation, gate.float()) * up.float()).to(gate.dtype)
+
+
+def reference_merged(gu: torch.Tensor, activation: str) -> torch.Tensor:
+    """`act(gate) * up` for gu = [gate | up]: (..., 2N) -> (..., N)."""
+    gate, up = gu.chunk(2, dim=-1)
+    return reference(gate, up, activation)
+
+
+# --- activation math (fp32 in, fp32 out); sigmoid forms avoid libdevice tanh --------------
+
+
+@triton.jit
+def silu(x):
+    return x * tl.sigmoid(x)
+
+
+@triton.jit
+def gelu_erf(x):
+    return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))  # 1/sqrt(2)
+
+
+@triton.jit
+def gelu_tanh(x):
+    # 0.5·x·(1 + tanh(z)) == x·sigmoid(2z), z = sqrt(2/pi)·(x + 0.044715·x³); no cancellation.
+    return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
+
+
+@triton.jit
+def relu(x):
+    return tl.where(x < 0.0, 0.0, x)  # NaN passes through, as torch.relu
+
+
+@triton.jit
+def apply_activation(x, ACT: tl.constexpr):
+    """ACT is a code from ACTIVATIONS; resolved at compile time (one branch survives)."""
+    if ACT == 0:
+        y = silu(x)
+    elif ACT == 1:
+        y = gelu_erf(x)
+    elif ACT == 2:
+        y = gelu_tanh(x)
+    else:
+        y = relu(x)
+    return y
+
+
+@triton.jit
+def _gated_act_kernel(
+    gate_ptr,  # (n_rows, n_cols) rows `stride_gate` apart, last dim contiguous
+    up_ptr,  # (n_rows, n_cols) rows `stride_up` apart (may be the 2nd half of gate's rows)
+    out_ptr,  # (n_rows, n_cols) rows `stride_out` apart; dtype = gate dtype
+    n_rows,
+    n_cols,
+    stride_gate,
+    stride_up,
+    stride_out,
+    ACT: tl.constexpr,  # activation code, see ACTIVATIONS
+    BLOCK_M: tl.constexpr,  # rows per program
+    BLOCK_N: tl.constexpr,  # columns per program
+):
+    # Program (pid_m, pid_n) owns the tile rows [pid_m·BM, +BM) × cols [pid_n·BN, +BN).
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]  # (BM, BN)
+    rows64 = rows.to(tl.int64)[:, None]  # rows·stride can pass 2^31 at long prefills
+    g = tl.load(gate_ptr + rows64 * stride_gate + cols[None, :], mask=mask, other=0.0)
+    u = tl.load(up_ptr + rows64 * stride_up + cols[None, :], mask=mask, other=0.0)
+    y = apply_activation(g.to(tl.float32), ACT) * u.to(tl.float32)
+    out = y.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + rows64 * stride_out + cols[None, :], out, mask=mask)
+
+
+# --- config space: 2-D elementwise tiles (shared with bias_act) ---------------------------
+
+MAX_TILE = 16384  # BLOCK_M·BLOCK_N elements; beyond it a tile only adds register pressure
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def _min_tile(problem: Problem) -> int:
+    """Tiles below this are not worth trying: big problems fill the GPU with 1024-element
+    tiles; a small one (decode) may want smaller tiles for more programs in flight."""
+    total = _pow2(problem["n_rows"]) * _pow2(problem["n_cols"])
+    return min(1024, max(64, total // 256))
+
+
+def _warp_range(tile: int) -> tuple[int, int]:
+    """8..16 elements per thread (one or two 16-byte vectors in bf16), clipped to 1..16 warps."""
+    return min(16, max(1, tile // 512)), min(16, max(1, tile // 256))
+
+
+def keep(cfg: Config, problem: Problem) -> bool:
+    tile = cfg["BLOCK_M"] * cfg["BLOCK_N"]
+    lo, hi = _warp_range(tile)
+    return (
+        tile <= MAX_TILE
+        and cfg["BLOCK_N"] <= max(64, _pow2(problem["n_cols"]))  # not wider than the row
+        and cfg["BLOCK_M"] <= _pow2(problem["n_rows"])  # not taller than the problem
+        and tile >= _min_tile(problem)
+        and lo <= cfg["num_warps"] <= hi
+    )
+
+
+def default(problem: Problem) -> Config:
+    """Tile ≈ 1/128 of the problem (≥ 64, ≤ 4096 elements), as wide as the row allows."""
+    total = _pow2(problem["n_rows"]) * _pow2(problem["n_cols"])
+    target = min(4096, max(64, total // 128))
+    block_n = min(target, max(64, _pow2(problem["n_cols"])))
+    block_m = max(1, min(target // block_n, 16, _pow2(problem["n_rows"])))
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": _warp_range(block_m * block_n)[0]}
+
+
+SPACE = ConfigSpace(
+    axes={
+        "BLOCK_N": (64, 128, 256, 512, 1024, 2048, 4096),
+        "BLOCK_M": (1, 2, 4, 8, 16),
+        "num_warps": (1, 2, 4, 8, 16),
+    },
+    default=default,
+    keep=keep,
+)
+
+
+# --- launcher helpers (shared with bias_act) ---------------------------------------------
+
+
+def activation_code(name: str) -> int:
+    check(isinstance(name, str) and name in ACTIVATIONS,
+          f"activation {name!r} not one of {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """(..., n_cols) -> (rows, n_cols) with unit column stride; a view when the leading dims
+    merge (e.g. half of a merged projection), else a contiguous copy."""
+    rows = t.reshape(-1, n_cols)
+    return rows if rows.stride(-1) == 1 or n_cols == 1 else rows.contiguous()
+
+
+def resolve_config(config: Mapping[str, int] | None, problem: Problem) -> Config:
+    """`None` -> the heuristic default. A given config must use the space's axes and
+    values; `keep` is not applied (a config tuned at one size must still run at another)."""
+    if config is None:
+        return SPACE.default(problem)
+    check(set(config) == set(SPACE.axes), f"config keys {sorted(config)} != {sorted(SPACE.axes)}")
+    for name, value in config.items():
+        check(value in SPACE.axes[name], f"config {name}={value} not in {SPACE.axes[name]}")
+    return {k: int(v) for k, v in config.items()}
+
+
+def grid_of(cfg: Config, n_rows: int, n_cols: int) -> tuple[int, int]:
+    return triton.cdiv(n_rows, cfg["BLOCK_M"]), triton.cdiv(n_cols, cfg["BLOCK_N"])
+
+
+def _check_pair(gate: torch.Tensor, up: torch.Tensor) -> None:
+    check_float("gate", gate)
+    check(up.dtype == gate.dtype, f"up dtype {up.dtype} != gate dtype {gate.dtype}")
+    check(gate.dim() >= 1, "gate must have at least one dimension")
+    check(up.shape == gate.shape, f"up shape {tuple(up.shape)} != gate shape {tuple(gate.shape)}")
+    check(up.device == gate.device, f"up on {up.device}, gate on {gate.device}")
+
+
+def out_buffer(like: torch.Tensor, shape: tuple[int, ...],
+               out: torch.Tensor | None) -> torch.Tensor:
+    """A new output, or the caller's `out=` checked (shape, dtype, device, contiguous)."""
+    if out is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    check(tuple(out.shape) == shape, f"out shape {tuple(out.shape)} != {shape}")
+    check(out.dtype == like.dtype and out.device == like.device, "out dtype/device mismatch")
+    check(out.is_contiguous(), "out must be contiguous")
+    return out
+
+
+def _prepare(gate2: torch.Tensor, up2: torch.Tensor, out2: torch.Tensor, activation: str,
+             config: Mapping[str, int] | None) -> tuple[tuple, dict[str, int], tuple[int, int]]:
+    """Kernel arguments, constexprs and grid for 2-D row views of gate, up, out."""
+    n_rows, n_cols = gate2.shape
+    cfg = resolve_config(config, {"n_rows": n_rows, "n_cols": n_cols, "dtype": str(gate2.dtype)})
+    args = (gate2, up2, out2, n_rows, n_cols, gate2.stride(0), up2.stride(0), out2.stride(0))
+    meta = {"ACT": activation_code(activation), **cfg}
+    return args, meta, grid_of(cfg, n_rows, n_cols)
+
+
+def _launch_rows(gate2: torch.Tensor, up2: torch.Tensor, out: torch.Tensor, activation: str,
+                 config: Mapping[str, int] | None) -> torch.Tensor:
+    args, meta, grid = _prepare(gate2, up2, out.view(-1, gate2.shape[1]), activation, config)
+    _gated_act_kernel[grid](*args, **meta)
+    return out
+
+
+def _spills_rows(gate2: torch.Tensor, up2: torch.Tensor, activation: str,
+                 config: Mapping[str, int] | None) -> int | None:
+    if interpreting() or gate2.device.type != "cuda":
+        return None
+    args, meta, grid = _prepare(gate2, up2, torch.empty_like(gate2), activation, config)
+    report = resources(_gated_act_kernel.warmup(*args, grid=grid, **meta))
+    return None if report is None else report.n_spills
+
+
+def _check_merged(gu: torch.Tensor) -> None:
+    check_float("gu", gu)
+    check(gu.dim() >= 1 and gu.shape[-1] % 2 == 0, f"gu shape {tuple(gu.shape)}: last dim not even")
+
+
+def _split_merged(gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """gu (..., 2N) -> gate, up as (rows, N) views (pointer offset N, row stride of gu)."""
+    n_cols = gu.shape[-1] // 2
+    gu2 = as_rows(gu, 2 * n_cols)  # (rows, 2N)
+    return gu2[:, :n_cols], gu2[:, n_cols:]
+
+
+def launch_gated_act(gate: torch.Tensor, up: torch.Tensor, activation: str,
+                     config: Mapping[str, int] | None = None, *,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """`act(gate) * up` with the Triton kernel. gate, up: (..., N), rows may be strided."""
+    _check_pair(gate, up)
+    activation_code(activation)
+    out = out_buffer(gate, tuple(gate.shape), out)
+    if out.numel() == 0:
+        return out
+    n_cols = gate.shape[-1]
+    return _launch_rows(as_rows(gate, n_cols), as_rows(up, n_cols), out, activation, config)
+
+
+def launch_gated_act_merged(gu: torch.Tensor, activation: str,
+                            config: Mapping[str, int] | None = None, *,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """`act(gate) * up` for gu = [gate | up] (..., 2N) -> (..., N); no copy of the halves."""
+    _check_merged(gu)
+    activation_code(activation)
+    out = out_buffer(gu, (*gu.shape[:-1], gu.shape[-1] // 2), out)
+    if out.numel() == 0:
+        return out
+    return _launch_rows(*_split_merged(gu), out, activation, config)
+
+
+def spills_gated_act(gate: torch.Tensor, up: torch.Tensor, activation: str,
+                     config: Mapping[str, int] | None = None) -> int | None:
+    """Register spills of the compiled kernel; None under the interpreter or off CUDA."""
+    _check_pair(gate, up)
+    if gate.numel() == 0:
+        return None
+    n_cols = gate.shape[-1]
+    return _spills_rows(as_rows(gate, n_cols), as_rows(up, n_cols), activation, config)
+
+
+def spills_gated_act_merged(gu: torch.Tensor, activation: str,
+                            config: Mapping[str, int] | None = None) -> int | None:
+    _check_merged(gu)
+    if gu.numel() == 0:
+        return None
+    return _spills_rows(*_split_merged(gu), activation, config)
+
+
+# --- custom ops (compose with dynamo, torch.compile and CUDA graphs) ----------------------
+
+
+@torch.library.custom_op("advisor::gated_act", mutates_args=())
+def gated_act(gate: torch.Tensor, up: torch.Tensor, activation: str, config: str) -> torch.Tensor:
+    if triton_can_run(gate):
+        return launch_gated_act(gate, up, activation, decode(config) or None)
+    return reference(gate, up, activation)
+
+
+@gated_act.register_fake
+def _(gate: torch.Tensor, up: torch.Tensor, activation: str, config: str) -> torch.Tensor:
+    return gate.new_empty(gate.shape)
+
+
+@torch.library.custom_op("advisor::gated_act_merged", mutates_args=())
+def gated_act_merged(gu: torch.Tensor, activation: str, config: str) -> torch.Tensor:
+    if triton_can_run(gu):
+        return launch_gated_act_merged(gu, activation, decode(config) or None)
+    return reference_merged(gu, activation)
+
+
+@gated_act_merged.register_fake
+def _(gu: torch.Tensor, activation: str, config: str) -> torch.Tensor:
+    return gu.new_empty((*gu.shape[:-1], gu.shape[-1] // 2))
+
+
+# --- registry -----------------------------------------------------------------------------
+
+
+def activation_of(dims: Mapping[str, int], default_name: str) -> str:
+    """dims may pick the activation by its ACTIVATIONS code under "act"."""
+    names = {code: name for name, code in ACTIVATIONS.items()}
+    return names[dims["act"]] if "act" in dims else default_name
+
+
+def _make_inputs(dims: Mapping[str, int], dtype: torch.dtype, device: torch.device,
+                 generator: torch.Generator) -> tuple[Any, ...]:
+    shape = (dims["rows"], dims["n"])
+    gate = randn_nonzero(shape, dtype, device, generator)
+    return gate, randn_nonzero(shape, dtype, device, generator), activation_of(dims, "silu")
+
+
+def _make_inputs_merged(dims: Mapping[str, int], dtype: torch.dtype, device: torch.device,
+                        generator: torch.Generator) -> tuple[Any, ...]:
+    gu = randn_nonzero((dims["rows"], 2 * dims["n"]), dtype, device, generator)
+    return gu, activation_of(dims, "silu")
+
+
+def _problem(rows: int, n_cols: int, dtype: torch.dtype) -> Problem:
+    return {"n_rows": rows, "n_cols": n_cols, "dtype": str(dtype)}
+
+
+TEST_DIMS = (
+    {"rows": 3, "n": 1000, "act": 0},
+    {"rows": 1, "n": 4095, "act": 1},
+    {"rows": 5, "n": 77, "act": 2},
+    {"rows": 2, "n": 333, "act": 3},
+)
+
+register(KernelSpec(
+    name="gated_act",
+    reference=reference,
+    launch=launch_gated_act,
+    space=SPACE,
+    make_inputs=_make_inputs,
+    problem=lambda g, u, act: _problem(g.numel() // max(g.shape[-1], 1), g.shape[-1], g.dtype),
+    bytes_moved=lambda g, u, act: 3 * g.numel() * g.element_size(),
+    test_dims=TEST_DIMS,
+    bench_dims=lambda tokens: {"rows": tokens, "n": 14336},
+    unfused_launches=2,  # act(gate), then * up
+    spills=spills_gated_act,
+))
+
+register(KernelSpec(
+    name="gated_act_merged",
+    reference=reference_merged,
+    launch=launch_gated_act_merged,
+    space=SPACE,
+    make_inputs=_make_inputs_merged,
+    problem=lambda gu, act: _problem(gu.numel() // max(gu.shape[-1], 1), gu.shape[-1] // 2,
+                                     gu.dtype),
+    bytes_moved=lambda gu, act: 3 * (gu.numel() // 2) * gu.element_size(),
+    test_dims=TEST_DIMS,
+    bench_dims=lambda tokens: {"rows": tokens, "n": 14336},
+    unfused_launches=2,  # chunk is a view; act(gate), then * up
+    spills=spills_gated_act_merged,
+))

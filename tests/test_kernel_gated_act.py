@@ -1,0 +1,155 @@
+"""gated_act / gated_act_merged: the Triton kernel (interpreter on CPU) against `reference`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from advisor.errors import KernelInputError
+from advisor.kernels import gated_act as ga
+from advisor.kernels.registry import get
+from advisor.kernels.space import encode
+from advisor.kernels.testing import assert_close, nan_filled, randn_nonzero
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ACTS = tuple(ga.ACTIVATIONS)
+# The interpreter evaluates sigmoid's exp(-x) in numpy, which warns where it overflows to inf
+# (the result, 1/(1+inf) = 0, is right); compiled kernels do not warn.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+
+
+def _pair(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    # scale 3 reaches the tails of every activation (silu/gelu saturation, relu's zero side)
+    return randn_nonzero(shape, dtype, "cpu", gen, 3.0), randn_nonzero(shape, dtype, "cpu", gen)
+
+
+@pytest.mark.parametrize("shape", [(3, 1000), (1, 4095)])
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_reference_every_element_written(shape, activation, dtype):
+    gate, up = _pair(shape, dtype)
+    out = nan_filled(shape, dtype, gate.device)
+    got = ga.launch_gated_act(gate, up, activation, out=out)
+    assert got is out
+    assert_close(out, ga.reference(gate, up, activation))
+
+
+def test_reference_is_eager_math():
+    gate, up = _pair((2, 7), torch.float32)
+    torch.testing.assert_close(ga.reference(gate, up, "silu"), F.silu(gate) * up)
+    tanh_form = F.gelu(gate, approximate="tanh") * up
+    torch.testing.assert_close(ga.reference(gate, up, "gelu_tanh"), tanh_form)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_strided_halves_3d_and_merged(dtype):
+    gen = torch.Generator().manual_seed(1)
+    gu = randn_nonzero((2, 3, 2 * 333), dtype, "cpu", gen)  # (B, T, 2N)
+    gate, up = gu.chunk(2, dim=-1)  # (B, T, N) views, row stride 2N
+    want = ga.reference(gate, up, "gelu")
+    assert_close(ga.launch_gated_act(gate, up, "gelu"), want)
+    assert_close(ga.launch_gated_act_merged(gu, "gelu"), want)
+    # leading dims that do not merge into one row stride: a contiguous copy is taken
+    g_t, u_t = gate.transpose(0, 1), up.transpose(0, 1)  # (T, B, N)
+    assert_close(ga.launch_gated_act(g_t, u_t, "gelu"), ga.reference(g_t, u_t, "gelu"))
+
+
+def test_merged_poisoned_output():
+    gu = randn_nonzero((5, 2 * 77), torch.float16, "cpu", torch.Generator().manual_seed(2))
+    out = nan_filled((5, 77), torch.float16, gu.device)
+    ga.launch_gated_act_merged(gu, "silu", out=out)
+    assert_close(out, ga.reference_merged(gu, "silu"))
+
+
+@pytest.mark.parametrize("op", ["plain", "merged"])
+def test_several_configs(op):
+    gate, up = _pair((5, 1000), torch.bfloat16)
+    configs = ga.SPACE.configs({"n_rows": 5, "n_cols": 1000, "dtype": "torch.bfloat16"})
+    assert len(configs) >= 2
+    want = ga.reference(gate, up, "silu")
+    for cfg in (configs[0], configs[len(configs) // 2], configs[-1]):
+        if op == "plain":
+            assert_close(ga.launch_gated_act(gate, up, "silu", cfg), want)
+        else:
+            assert_close(ga.launch_gated_act_merged(torch.cat([gate, up], -1), "silu", cfg), want)
+
+
+@pytest.mark.parametrize(
+    "rows, n", [(1, 1), (1, 64), (3, 1000), (1, 14336), (8192, 14336), (16384, 4096)]
+)
+def test_space_default_is_kept_and_grid_modest(rows, n):
+    problem = {"n_rows": rows, "n_cols": n, "dtype": "torch.bfloat16"}
+    configs = ga.SPACE.configs(problem)
+    assert ga.SPACE.default(problem) in configs
+    assert 1 <= len(configs) <= 40
+    assert all(c["BLOCK_M"] * c["BLOCK_N"] <= ga.MAX_TILE for c in configs)
+
+
+def test_custom_op_and_torch_compile():
+    gate, up = _pair((3, 1000), torch.bfloat16)
+    cfg = encode(ga.SPACE.configs({"n_rows": 3, "n_cols": 1000})[-1])
+    want = ga.reference(gate, up, "gelu_tanh")
+    assert_close(torch.ops.advisor.gated_act(gate, up, "gelu_tanh", cfg), want)
+    gu = torch.cat([gate, up], -1)  # (rows, 2N)
+    assert_close(torch.ops.advisor.gated_act_merged(gu, "gelu_tanh", ""), want)
+
+    def mlp_act(gu: torch.Tensor) -> torch.Tensor:
+        g, u = gu.chunk(2, dim=-1)
+        split = torch.ops.advisor.gated_act(g, u, "silu", "")
+        return split + torch.ops.advisor.gated_act_merged(gu, "silu", "")
+
+    got = torch.compile(mlp_act, backend="eager", fullgraph=True)(gu)
+    assert_close(got, (ga.reference(gate, up, "silu").float() * 2).to(gu.dtype))
+
+
+def test_custom_op_falls_back_to_reference_without_triton(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU tensors, no interpreter: eager path
+    gate, up = _pair((2, 9), torch.float32)
+    want = ga.reference(gate, up, "relu")
+    assert torch.equal(torch.ops.advisor.gated_act(gate, up, "relu", ""), want)
+    gu = torch.cat([gate, up], -1)
+    assert torch.equal(torch.ops.advisor.gated_act_merged(gu, "relu", ""), want)
+
+
+def test_empty_inputs_launch_nothing():
+    gate = torch.empty(0, 4095)
+    assert ga.launch_gated_act(gate, gate, "silu").shape == (0, 4095)
+    assert ga.launch_gated_act_merged(torch.empty(2, 0, 10), "silu").shape == (2, 0, 5)
+
+
+def test_rejects_bad_input():
+    gate, up = _pair((2, 8), torch.float32)
+    bad = [
+        lambda: ga.launch_gated_act(gate.int(), up.int(), "silu"),  # dtype
+        lambda: ga.launch_gated_act(gate, up.half(), "silu"),  # mixed dtypes
+        lambda: ga.launch_gated_act(gate, up[:, :7], "silu"),  # shapes
+        lambda: ga.launch_gated_act(gate, up, "swish"),  # unknown activation
+        lambda: ga.launch_gated_act(gate, up, "silu", {"BLOCK_N": 64}),  # missing axes
+        lambda: ga.launch_gated_act(gate, up, "silu", {"BLOCK_N": 100, "BLOCK_M": 1,
+                                                       "num_warps": 1}),  # off the axis
+        lambda: ga.launch_gated_act(gate, up, "silu", out=torch.empty(2, 7)),  # out shape
+        lambda: ga.launch_gated_act_merged(gate[:, :7], "silu"),  # odd merged width
+    ]
+    for call in bad:
+        with pytest.raises(KernelInputError):
+            call()
+
+
+@pytest.mark.parametrize("name", ["gated_act", "gated_act_merged"])
+def test_registry_entry(name):
+    spec = get(name)
+    gen = torch.Generator().manual_seed(3)
+    for dims in spec.test_dims:
+        for dtype in (torch.float32, torch.bfloat16):
+            inputs = spec.make_inputs(dims, dtype, torch.device("cpu"), gen)
+            problem = spec.problem(*inputs)
+            assert (problem["n_rows"], problem["n_cols"]) == (dims["rows"], dims["n"])
+            elt = inputs[0].element_size()
+            assert spec.bytes_moved(*inputs) == 3 * dims["rows"] * dims["n"] * elt
+            cfg = spec.space.configs(problem)[0]
+            assert_close(spec.launch(*inputs, config=cfg), spec.reference(*inputs))
+            assert spec.spills(*inputs, config=cfg) is None  # interpreter: nothing compiled
+    assert spec.bench_dims(2048) == {"rows": 2048, "n": 14336}
+    assert spec.unfused_launches == 2
