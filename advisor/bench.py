@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from advisor.kernels.testing import max_abs_error, max_violation, tolerance
+from advisor.kernels.testing import max_abs_error, max_violation, rel_error, tolerance
 from advisor.loader import ModelFile, build, call, checked_forward, first_tensor, inputs_for
 from advisor.runtime.apply import apply
 from advisor.runtime.recipe import Recipe
@@ -67,6 +67,7 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
             row = _measure("advisor", lambda t=t: call(fast, inputs[t]), device, first, t)
             got = first_tensor(out)
             row["max_error"] = max_abs_error(got, refs[t])
+            row["rel_error"] = rel_error(got, refs[t])
             row["matches_eager"] = max_violation(got, refs[t], tolerance(dtype, model=True)) <= 0
             rows.append(row)
         result.applied = fast.summary()

@@ -52,13 +52,18 @@ def merged_weight(weights: list[Tensor]) -> Tensor:
     return torch.cat(weights, dim=0)
 
 
-@torch.library.custom_op("advisor::merged_linear", mutates_args=())
-def merged_linear(x: Tensor, weights: list[Tensor], biases: list[Tensor | None]) -> Tensor:
+def merged_linear_impl(x: Tensor, weights: list[Tensor], biases: list[Tensor | None]) -> Tensor:
+    """x (M, K) -> (M, ΣN_i): one GEMM over the merged weight."""
     w = merged_weight(weights)
     b = None
     if any(bi is not None for bi in biases):
         b = torch.cat([bi if bi is not None else x.new_zeros(wi.shape[0]) for wi, bi in zip(weights, biases)])
     return F.linear(x, w, b)
+
+
+@torch.library.custom_op("advisor::merged_linear", mutates_args=())
+def merged_linear(x: Tensor, weights: list[Tensor], biases: list[Tensor | None]) -> Tensor:
+    return merged_linear_impl(x, weights, biases)
 
 
 @merged_linear.register_fake

@@ -62,6 +62,14 @@ def max_abs_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float(torch.nan_to_num(diff, nan=float("inf")).max()) if diff.numel() else 0.0
 
 
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64 (inf if out has NaN/inf where ref does not)."""
+    o, r = out.detach().double(), ref.detach().double()
+    den = float(torch.linalg.vector_norm(r))
+    num = float(torch.linalg.vector_norm(o - r))
+    return num / den if den else num
+
+
 def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None = None) -> None:
     """Assert `out` matches `ref` within the tolerance of `dtype` (default: out.dtype)."""
     tol = tolerance(dtype or out.dtype)

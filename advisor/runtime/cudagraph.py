@@ -55,6 +55,7 @@ class GraphCache:
         self.fn, self.max_graphs = fn, max_graphs
         self.graphs: OrderedDict[tuple, _Captured] = OrderedDict()
         self.failed: set[tuple] = set()
+        self.failures: list[str] = []  # why a capture failed (first line), for summaries
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key = _key(args, kwargs)
@@ -65,8 +66,9 @@ class GraphCache:
             return self.fn(*args, **kwargs)
         try:
             captured = _Captured(self.fn, args, kwargs)
-        except Exception:  # capture can fail (host sync inside forward): run without a graph
+        except Exception as exc:  # capture can fail (host sync inside forward): no graph
             self.failed.add(key)
+            self.failures.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             return self.fn(*args, **kwargs)
         self.graphs[key] = captured
         if len(self.graphs) > self.max_graphs:

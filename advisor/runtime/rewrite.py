@@ -22,6 +22,7 @@ from advisor.graph.match import Match, launches
 from advisor.graph.patterns import find_all
 from advisor.kernels.registry import all_kernels
 from advisor.kernels.testing import max_abs_error, max_violation, randn_nonzero, tolerance
+from advisor.runtime.direct import use_direct_calls
 from advisor.runtime.emit import EmitError, emit
 from advisor.runtime.plan import Plan
 
@@ -96,7 +97,7 @@ def confirm(m: Match, config: str, seed: int = 0) -> float:
     fused_gm, _, local = extract(m)
     emit(fused_gm.graph, local, config)
     fused_gm.graph.eliminate_dead_code()
-    fused_gm.recompile()
+    use_direct_calls(fused_gm)  # confirm exactly what will run
     gen = torch.Generator().manual_seed(seed)
     # Compilers run under the tracer's fake mode: confirm on real tensors.
     with unset_fake_temporarily(), torch.inference_mode():
@@ -161,7 +162,7 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
             merged.append(tuple(params.get(w.name, "") for w in m.operands["weights"]))
         results.append(SiteResult(m.family, m.module, True, max_error=float(cache[key])))
     gm.graph.lint()
-    gm.recompile()
+    use_direct_calls(gm)
     return RewriteReport(tuple(results), before, _count_launches(gm), tuple(merged))
 
 

@@ -1,0 +1,123 @@
+"""Every registered kernel at Llama-3-8B sizes, on the GPU, in one run.
+
+For tokens in 1, 128, 512, 2048, 8192: correctness of the Triton kernel against its
+reference (on the GPU, fresh random inputs, NaN-free), then the median time (CUDA events,
+L2 flushed: triton.testing.do_bench) of (a) the unfused eager ops (the reference), (b)
+torch.compile of the reference, (c) the kernel with its default config and (d) the best
+config of a sweep of its space. Achieved GB/s = minimal bytes moved ÷ time, against the
+copy bandwidth measured in the same run. Output: kernels.json under $OUT.
+
+    python benchmarks/bench_kernels.py [--tokens 1,128,512,2048,8192] [--kernels a,b] [--sweep 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from advisor.kernels.registry import all_kernels  # noqa: E402
+from advisor.kernels.space import encode  # noqa: E402
+from advisor.kernels.testing import max_abs_error, max_violation, tolerance  # noqa: E402
+from advisor.profile.ceilings import measure_ceilings  # noqa: E402
+from benchmarks.common import header, write  # noqa: E402
+
+
+def _flat(out):
+    return out if isinstance(out, (tuple, list)) else (out,)
+
+
+def _check(spec, inputs, config) -> float:
+    want = _flat(spec.reference(*inputs))
+    got = _flat(spec.launch(*inputs, config=config))
+    worst = 0.0
+    for w, g in zip(want, got):
+        if max_violation(g, w, tolerance(w.dtype)) > 0:
+            raise AssertionError(f"{spec.name} {encode(config)}: max err {max_abs_error(g, w):.3g}")
+        worst = max(worst, max_abs_error(g, w))
+    return worst
+
+
+def _ms(fn) -> float:
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def bench_kernel(spec, tokens: int, dtype: torch.dtype, sweep: int, compiled) -> dict:
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(tokens)
+    inputs = spec.make_inputs(spec.bench_dims(tokens), dtype, dev, gen)
+    problem = spec.problem(*inputs)
+    default = spec.default_config(*inputs)
+    row = {"kernel": spec.name, "tokens": tokens, "dims": dict(spec.bench_dims(tokens)),
+           "bytes": spec.bytes_moved(*inputs), "default_config": encode(default),
+           "max_error": _check(spec, inputs, default)}
+    row["eager_ms"] = _ms(lambda: spec.reference(*inputs))
+    row["compile_ms"] = _ms(lambda: compiled(*inputs))
+    row["default_ms"] = _ms(lambda: spec.launch(*inputs, config=default))
+    best_cfg, best_ms, tried = default, row["default_ms"], 0
+    configs = spec.space.configs(problem)
+    step = max(1, len(configs) // sweep) if sweep else len(configs) + 1
+    for cfg in configs[::step]:
+        try:
+            _check(spec, inputs, cfg)
+            ms = _ms(lambda cfg=cfg: spec.launch(*inputs, config=cfg))
+        except Exception as exc:  # a config that does not compile/fit: recorded, skipped
+            row.setdefault("failed_configs", []).append(f"{encode(cfg)}: {type(exc).__name__}")
+            continue
+        tried += 1
+        if ms < best_ms:
+            best_cfg, best_ms = cfg, ms
+    row.update(best_config=encode(best_cfg), best_ms=best_ms, configs_tried=tried)
+    if spec.spills is not None:
+        try:
+            row["spills"] = spec.spills(*inputs, config=best_cfg)
+        except Exception as exc:
+            row["spills"] = f"{type(exc).__name__}"
+    for key in ("eager", "compile", "default", "best"):
+        row[f"{key}_gbps"] = row["bytes"] / (row[f"{key}_ms"] * 1e-3) / 1e9
+    row["speedup_vs_eager"] = row["eager_ms"] / best_ms
+    row["speedup_vs_compile"] = row["compile_ms"] / best_ms
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", default="1,128,512,2048,8192")
+    ap.add_argument("--kernels", default="")
+    ap.add_argument("--sweep", type=int, default=12, help="configs timed per shape (0: default only)")
+    args = ap.parse_args()
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    ceilings = measure_ceilings(dev)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    specs = {k: v for k, v in all_kernels().items() if k != "merged_linear"}
+    if args.kernels:
+        specs = {k: specs[k] for k in args.kernels.split(",")}
+    rows, failures = [], []
+    for name, spec in specs.items():
+        compiled = torch.compile(spec.reference, dynamic=False)
+        for t in tokens:
+            try:
+                row = bench_kernel(spec, t, dtype, args.sweep, compiled)
+                row["frac_of_copy_bw"] = row["best_gbps"] / ceilings.copy_gbps
+                rows.append(row)
+                print(f"{name:16s} {t:5d} tok  eager {row['eager_ms']*1e3:8.1f}us  compile "
+                      f"{row['compile_ms']*1e3:8.1f}us  ours {row['best_ms']*1e3:8.1f}us "
+                      f"({row['best_gbps']:6.0f} GB/s, {100*row['frac_of_copy_bw']:3.0f}% of copy)", flush=True)
+            except Exception as exc:
+                failures.append({"kernel": name, "tokens": t, "error": f"{type(exc).__name__}: {exc}"[:500]})
+                print(f"{name:16s} {t:5d} FAILED {failures[-1]['error']}", flush=True)
+        torch._dynamo.reset()
+    payload = header(dev, dtype="bfloat16", tokens=tokens, timing="do_bench median, L2 flush")
+    payload.update(ceilings={"copy_gbps": ceilings.copy_gbps, "matmul_tflops": ceilings.matmul_tflops,
+                             "launch_us": ceilings.launch_us, "graph_launch_us": ceilings.graph_launch_us},
+                   rows=rows, failures=failures)
+    print("wrote", write("kernels.json", payload))
+
+
+if __name__ == "__main__":
+    main()

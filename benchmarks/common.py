@@ -1,0 +1,42 @@
+"""What every benchmark records next to its numbers: GPU, versions, git sha, conditions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def git_sha() -> str:
+    sha = os.environ.get("ADVISOR_GIT_SHA")
+    if sha:
+        return sha
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).parent).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def header(device: torch.device, **conditions: Any) -> dict[str, Any]:
+    from advisor.env import environment
+
+    return {"environment": environment(device), "git_sha": git_sha(),
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "conditions": conditions}
+
+
+def out_dir() -> Path:
+    path = Path(os.environ.get("OUT") or "out")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write(name: str, payload: dict[str, Any]) -> Path:
+    path = out_dir() / name
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    return path
