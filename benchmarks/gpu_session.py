@@ -58,7 +58,8 @@ def stage_analysis(mf, model, dev, ceilings, out: dict) -> None:
                       "verdict": s.verdict} for s in shapes]
 
 
-def stage_apply(mf, model, dev, out: dict, lengths=(1, 128, 512, 2048)) -> None:
+def stage_apply(mf, model, dev, out: dict, lengths=(1, 128, 512, 2048),
+                compile_modes: tuple[str, ...] = ("default", "reduce-overhead")) -> None:
     inputs = {t: inputs_for(mf, t, 1, dev) for t in lengths}
     with torch.no_grad():
         refs = {t: first_tensor(call(model, inputs[t])) for t in lengths}
@@ -85,7 +86,7 @@ def stage_apply(mf, model, dev, out: dict, lengths=(1, 128, 512, 2048)) -> None:
                 log(f"   errors vs eager: max {row['max_error']:.3g} rel {row['rel_error']:.3g}")
             out.setdefault("applied", {})[name] = fast.summary()
             write("apply.json", out)
-        for mode in ("default", "reduce-overhead"):
+        for mode in compile_modes:
             torch._dynamo.reset()
             comp = torch.compile(model, mode=None if mode == "default" else mode)
             for t in lengths:
@@ -125,6 +126,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--stages", default="analysis,apply,kernels")
     ap.add_argument("--deadline", type=float, default=560.0, help="seconds; later stages are skipped")
+    ap.add_argument("--compile", default="default,reduce-overhead", help="torch.compile modes in apply")
+    ap.add_argument("--kernel-tokens", default="1,128,512,2048,8192")
     args = ap.parse_args()
     dev = torch.device("cuda")
     ceilings = measure_ceilings(dev)
@@ -145,9 +148,10 @@ def main() -> None:
             if stage == "analysis":
                 stage_analysis(mf, model, dev, ceilings, out)
             elif stage == "apply":
-                stage_apply(mf, model, dev, out)
+                stage_apply(mf, model, dev, out,
+                            compile_modes=tuple(m for m in args.compile.split(",") if m))
             elif stage == "kernels":
-                stage_kernels(dev, ceilings, out)
+                stage_kernels(dev, ceilings, out, tuple(int(t) for t in args.kernel_tokens.split(",")))
         except Exception as exc:
             out["error"] = traceback.format_exc()[-3000:]
             log(f"stage {stage} failed: {type(exc).__name__}: {exc}")
