@@ -75,8 +75,8 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
             torch._dynamo.reset()
             compiled = torch.compile(model, mode=None if mode == "default" else mode)
             for t in shapes:
-                _, first = timed_call(lambda t=t: call(compiled, inputs[t]), device)
-                rows.append(_measure(f"torch.compile[{mode}]", lambda t=t: call(compiled, inputs[t]),
+                _, first = timed_call(lambda t=t, c=compiled: call(c, inputs[t]), device)
+                rows.append(_measure(f"torch.compile[{mode}]", lambda t=t, c=compiled: call(c, inputs[t]),
                                      device, first, t))
         torch._dynamo.reset()
     eager = {r["shape"]: r["ms"] for r in rows if r["variant"] == "eager"}

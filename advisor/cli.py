@@ -23,7 +23,8 @@ err = Console(stderr=True)
 ModelArg = Annotated[Path, typer.Argument(help="model file defining build_model and make_inputs")]
 ShapesOpt = Annotated[str, typer.Option("--shapes", help="sequence lengths, e.g. 128,512,2048")]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="cuda or cpu (default: cuda if present)")]
-DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="bf16/fp16/fp32 (default: bf16 on cuda, fp32 on cpu)")]
+DtypeOpt = Annotated[str | None, typer.Option(
+    "--dtype", help="bf16/fp16/fp32 (default: bf16 on cuda, fp32 on cpu)")]
 BatchOpt = Annotated[int, typer.Option("--batch", min=1, help="sequences per forward")]
 
 
@@ -49,7 +50,8 @@ def analyze(
     trace: Annotated[Path | None, typer.Option("--trace", help="folder for Chrome/Perfetto traces")] = None,
 ) -> None:
     """Where does the time go, and what should be fused? Budget + ranked candidates."""
-    from advisor.analyze import analyze as run, to_json
+    from advisor.analyze import analyze as run
+    from advisor.analyze import to_json
     from advisor.loader import load_model_file, parse_shapes
     from advisor.profile import load_or_measure
     from advisor.report.console import render_analysis
@@ -89,7 +91,8 @@ def bench(
     batch: BatchOpt = 1,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
-    compile_modes: Annotated[str, typer.Option("--compile", help="torch.compile modes to compare: default,reduce-overhead or none")] = "default",
+    compile_modes: Annotated[str, typer.Option(
+        "--compile", help="torch.compile modes to compare: default,reduce-overhead or none")] = "default",
     json_path: Annotated[Path | None, typer.Option("--json", help="write the results JSON here")] = None,
 ) -> None:
     """Eager vs torch.compile vs the recipe, measured in one run, checked against eager."""

@@ -137,7 +137,8 @@ def inputs_for(mf: ModelFile, seq_len: int, batch: int, device: torch.device,
     fn, fname = mf.make_inputs, "make_inputs"
     if phase == "decode":
         if mf.make_decode_inputs is None:
-            raise ModelFileError(f"{mf.path}: --phase decode needs make_decode_inputs(context_len, batch, device)")
+            raise ModelFileError(
+                f"{mf.path}: --phase decode needs make_decode_inputs(context_len, batch, device)")
         fn, fname = mf.make_decode_inputs, "make_decode_inputs"
     try:
         inputs = fn(seq_len, batch, device)

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from advisor.analyze import analyze_shape, to_json, Analysis  # noqa: E402
+from advisor.analyze import Analysis, analyze_shape, to_json  # noqa: E402
 from advisor.env import environment  # noqa: E402
 from advisor.kernels.testing import max_abs_error, rel_error  # noqa: E402
 from advisor.loader import build, call, first_tensor, inputs_for, load_model_file  # noqa: E402
@@ -79,8 +79,8 @@ def stage_apply(mf, model, dev, out: dict, lengths=(1, 128, 512, 2048),
             fast = apply(model, load_recipe(plan))
             name = "advisor+cudagraph" if "cudagraph" in plan else "advisor"
             for t in lengths:
-                o, first = timed_call(lambda t=t: call(fast, inputs[t]), dev)
-                row = measure(name, lambda t=t: call(fast, inputs[t]), t, round(first, 2))
+                o, first = timed_call(lambda t=t, f=fast: call(f, inputs[t]), dev)
+                row = measure(name, lambda t=t, f=fast: call(f, inputs[t]), t, round(first, 2))
                 got = first_tensor(o)
                 row.update(max_error=max_abs_error(got, refs[t]), rel_error=rel_error(got, refs[t]))
                 log(f"   errors vs eager: max {row['max_error']:.3g} rel {row['rel_error']:.3g}")
@@ -90,8 +90,8 @@ def stage_apply(mf, model, dev, out: dict, lengths=(1, 128, 512, 2048),
             torch._dynamo.reset()
             comp = torch.compile(model, mode=None if mode == "default" else mode)
             for t in lengths:
-                _, first = timed_call(lambda t=t: call(comp, inputs[t]), dev)
-                measure(f"torch.compile[{mode}]", lambda t=t: call(comp, inputs[t]), t, round(first, 2))
+                _, first = timed_call(lambda t=t, c=comp: call(c, inputs[t]), dev)
+                measure(f"torch.compile[{mode}]", lambda t=t, c=comp: call(c, inputs[t]), t, round(first, 2))
             write("apply.json", out)
         torch._dynamo.reset()
     eager = {r["shape"]: r["ms"] for r in rows if r["variant"] == "eager"}

@@ -78,7 +78,8 @@ def _env_mismatch(recorded: dict[str, Any]) -> list[str]:
 class AdvisedModel(torch.nn.Module):
     """The user's model with a recipe's plans applied per length bucket."""
 
-    def __init__(self, model: torch.nn.Module, recipe: Recipe, *, length_of: Callable[..., int] | None = None):
+    def __init__(self, model: torch.nn.Module, recipe: Recipe, *,
+                 length_of: Callable[..., int] | None = None):
         super().__init__()
         self.original = model
         self.recipe = recipe

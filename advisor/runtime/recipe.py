@@ -149,7 +149,8 @@ def recipe_from_json(obj: Any) -> Recipe:
         p = f"$.buckets[{i}]"
         _keys(b, p, {"max_len", "plan"}, {"measured"})
         m = b["max_len"]
-        _expect(isinstance(m, int) and not isinstance(m, bool) and m >= 1, f"{p}.max_len", "expected a positive integer")
+        _expect(isinstance(m, int) and not isinstance(m, bool) and m >= 1, f"{p}.max_len",
+                "expected a positive integer")
         _expect(not buckets or m > buckets[-1].max_len, f"{p}.max_len", "buckets must be in increasing order")
         buckets.append(Bucket(max_len=m, plan=_plan(b["plan"], f"{p}.plan"),
                               measured=_measured(b.get("measured", {}), f"{p}.measured")))

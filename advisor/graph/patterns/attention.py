@@ -35,7 +35,7 @@ def _explicit_attention(softmax: fx.Node) -> tuple[fx.Node, ...] | None:
         node = node.args[0]
     if not is_op(node, *MATMUL_OPS):
         return None
-    out = next((u for u in softmax.users if is_op(strip_views(u), *MATMUL_OPS) or is_op(u, *MATMUL_OPS)), None)
+    out = next((u for u in softmax.users if is_op(u, *MATMUL_OPS)), None)
     return (node, *reversed(chain), out) if out is not None else None
 
 
@@ -49,10 +49,10 @@ def find(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         nodes: tuple[Any, ...] | None = None
         if is_op(node, *SDPA_OPS):
             nodes = (node, *[u for u in node.users if is_getitem(u)])
-            q, k = node.args[0], node.args[1]
+            q = node.args[0]
         elif is_op(node, aten._softmax.default, aten.softmax.int):
             nodes = _explicit_attention(node)
-            q = k = None
+            q = None
         if not nodes:
             continue
         family, rope_nodes = "attention", ()

@@ -17,7 +17,15 @@ from torch import fx
 
 from advisor.graph.capture import fake, module_path
 from advisor.graph.match import (
-    CAST_OPS, Match, aten, is_getitem, is_last_dim, is_op, other_arg, scalar, strip_casts,
+    CAST_OPS,
+    Match,
+    aten,
+    is_getitem,
+    is_last_dim,
+    is_op,
+    other_arg,
+    scalar,
+    strip_casts,
 )
 
 
@@ -47,12 +55,14 @@ def _normalised(inv: fx.Node, xf: Any) -> fx.Node | None:
     for user in inv.users:
         if is_op(user, aten.mul.Tensor) and strip_casts(other_arg(user, inv)) is strip_casts(xf):
             return user
-        if is_op(user, aten.div.Tensor) and user.args[1] is inv and strip_casts(user.args[0]) is strip_casts(xf):
+        same_x = strip_casts(user.args[0]) is strip_casts(xf)
+        if is_op(user, aten.div.Tensor) and user.args[1] is inv and same_x:
             return user
     return None
 
 
-def _weight(normed: fx.Node, n_cols: int, params: dict[str, str]) -> tuple[fx.Node, Any, float, list[fx.Node]]:
+def _weight(normed: fx.Node, n_cols: int,
+            params: dict[str, str]) -> tuple[fx.Node, Any, float, list[fx.Node]]:
     """Follow an optional cast then `w·n` or `(1+w)·n`: (y, weight, offset, extra nodes)."""
     out, extra = normed, []
     only = list(out.users)
