@@ -98,3 +98,17 @@ def test_site_that_fails_confirmation_is_left_unfused(monkeypatch):
     _check_close(fast(**ids(6)), ref, torch.float32)
     row = next(r for r in fast.summary() if r["family"] == "gated_act")
     assert row["applied"] == 0 and row["unfused"] and "mismatch" in row["unfused"][0]
+
+
+def test_more_accurate_kernel_is_accepted_less_accurate_is_not():
+    """A fused op may differ from eager beyond tolerance only where it is at least as
+    accurate as eager against a float64 truth (eager rounds each intermediate)."""
+    from advisor.runtime.rewrite import _as_accurate
+
+    truth = (torch.tensor([1.0, -2.0, 0.0], dtype=torch.float64),)
+    eager = (torch.tensor([1.0625, -2.0, 0.0625]),)      # rounding error 0.0625
+    better = (torch.tensor([1.0, -2.0, 0.0]),)
+    worse = (torch.tensor([1.25, -2.0, 0.0]),)
+    assert _as_accurate(better, eager, truth)
+    assert not _as_accurate(worse, eager, truth)
+    assert not _as_accurate((torch.tensor([float("nan"), -2.0, 0.0]),), eager, truth)
