@@ -21,6 +21,7 @@ A hand-written plan file is also accepted: {"schema_version": 1, "kind": "adviso
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -65,13 +66,13 @@ class Recipe:
         return apply(model, self, **kwargs)
 
     def to_json(self) -> dict:
-        return {
+        return copy.deepcopy({  # a fresh tree: callers may mutate it freely
             "schema_version": SCHEMA_VERSION, "kind": "advisor.recipe",
             "model": self.model, "environment": self.environment,
             "beyond_largest": self.beyond_largest,
             "buckets": [{"max_len": b.max_len, "plan": b.plan.to_json(), "measured": b.measured}
                         for b in self.buckets],
-        }
+        })
 
     @staticmethod
     def from_plan(plan: Plan) -> Recipe:
@@ -166,9 +167,11 @@ def load_recipe(path: str | Path) -> Recipe:
     """
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise RecipeError(f"{p}: cannot read recipe: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise RecipeError(f"{p}: not a JSON text file (binary content)") from None
     try:
         obj = json.loads(text, parse_constant=lambda c: float(c))
     except json.JSONDecodeError as exc:

@@ -1,0 +1,116 @@
+"""Recipes: round trip, and the RELIABILITY.md recipe cases (items 18-24)."""
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from advisor.errors import RecipeError
+from advisor.loader import build, call, inputs_for, load_model_file
+from advisor.runtime.apply import apply
+from advisor.runtime.plan import ALL_FUSIONS, Plan
+from advisor.runtime.recipe import (
+    SCHEMA_VERSION,
+    Bucket,
+    Recipe,
+    load_recipe,
+    recipe_from_json,
+    save_recipe,
+)
+
+GOOD = Recipe(
+    buckets=(Bucket(128, Plan(("add_rms_norm", "rope"), {"add_rms_norm": "BLOCK_N=128,ROWS_PER_PROG=1,num_warps=1"})),
+             Bucket(2048, ALL_FUSIONS, {"unfused_ms": 2.0, "tuned_ms": 1.5, "max_error": 0.01, "trials": 9,
+                                        "failures": {"mismatch": 1}})),
+    model={"fingerprint": "abc", "source": "examples/tiny_llama.py", "dtype": "float32", "batch": 1,
+           "phase": "prefill"},
+    environment={},
+)
+
+
+def test_round_trip(tmp_path):
+    path = save_recipe(GOOD, tmp_path / "r.json")
+    assert load_recipe(path) == GOOD
+    assert GOOD.bucket_for(1).max_len == 128 and GOOD.bucket_for(129).max_len == 2048
+    assert GOOD.bucket_for(10**6).max_len == 2048  # beyond the largest: largest (documented)
+
+
+def _corrupt(tmp_path, mutate) -> str:
+    obj = GOOD.to_json()
+    mutate(obj)
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(obj))
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(p)
+    return str(exc.value)
+
+
+@pytest.mark.parametrize("mutate,where", [
+    (lambda o: o.update(schema_version=99), "schema_version"),                                 # 18
+    (lambda o: o["buckets"][0]["plan"].update(fusions=["nope"]), "$.buckets[0].plan.fusions[0]"),
+    (lambda o: o["buckets"][1]["measured"].update(tuned_ms=float("nan")), "$.buckets[1].measured.tuned_ms"),
+    (lambda o: o["buckets"][0]["plan"]["configs"].update(add_rms_norm="BLOCK_N=-4"), "BLOCK_N"),
+    (lambda o: o["buckets"][0]["plan"]["configs"].update(add_rms_norm="__import__('os')"), "configs.add_rms_norm"),
+    (lambda o: o["buckets"][0].update(extra=1), "unknown field"),
+    (lambda o: o["buckets"][0].update(max_len="128"), "$.buckets[0].max_len"),
+    (lambda o: o["buckets"].reverse(), "increasing"),
+    (lambda o: o.update(kind="pickle"), "$.kind"),
+    (lambda o: o["buckets"][0]["plan"].update(cuda_graph="yes"), "cuda_graph"),
+])
+def test_corrupt_recipes_name_the_json_path(tmp_path, mutate, where):  # 21, 22
+    msg = _corrupt(tmp_path, mutate)
+    assert where in msg and "bad.json" in msg
+
+
+def test_truncated_and_non_json(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(GOOD.to_json())[:50])
+    with pytest.raises(RecipeError, match="not valid JSON"):
+        load_recipe(p)
+    p.write_bytes(b"\x80\x04\x95pickle")
+    with pytest.raises(RecipeError):
+        load_recipe(p)
+
+
+def test_hand_written_plan_file(tmp_path):
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "kind": "advisor.plan",
+                             "fusions": ["rms_norm"], "cuda_graph": False}))
+    r = load_recipe(p)
+    assert r.buckets[0].plan.fusions == ("rms_norm",)
+
+
+def test_other_environment_falls_back_to_unfused_or_errors_when_strict():  # 19
+    mf = load_model_file("examples/tiny_llama.py")
+    model = build(mf, torch.device("cpu"), torch.float32)
+    foreign = Recipe(buckets=(Bucket(64, ALL_FUSIONS),),
+                     environment={"device_name": "Some Other GPU", "torch": "0.0"})
+    with pytest.raises(RecipeError, match="another environment"):
+        apply(model, foreign, strict=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fast = apply(model, foreign)
+    assert any("running unfused" in str(w.message) for w in caught)
+    x = inputs_for(mf, 5, 1, torch.device("cpu"))
+    assert torch.equal(call(fast, x), call(model, x))
+    assert fast.buckets[64].compiles == 0
+
+
+def test_changed_model_fuses_only_sites_that_still_match():  # 20
+    """Patterns are matched on the model as it is now: a site whose norm became a
+    LayerNorm is simply not an RMSNorm site any more, and stays unfused."""
+    mf = load_model_file("examples/tiny_llama.py")
+    model = build(mf, torch.device("cpu"), torch.float32)
+    model.layers[1].ffn_norm = torch.nn.LayerNorm(model.d.dim)
+    x = inputs_for(mf, 6, 1, torch.device("cpu"))
+    ref = call(model, x)
+    fast = apply(model, Plan(("add_rms_norm", "rms_norm")))
+    torch.testing.assert_close(call(fast, x), ref, atol=1e-4, rtol=1e-4)
+    applied = {r["family"]: r["applied"] for r in fast.summary() if "applied" in r}
+    assert applied["add_rms_norm"] == 3  # 4 in the unchanged model
+
+
+def test_recipe_from_json_rejects_non_objects():
+    with pytest.raises(RecipeError):
+        recipe_from_json([1, 2])
