@@ -4,7 +4,8 @@ Pure orchestration returning data (`Analysis`); the CLI renders it and `to_json`
 documented, versioned JSON (schema "advisor.analysis", version 1):
 
     {"schema_version": 1, "kind": "advisor.analysis", "model": str, "device": str,
-     "dtype": str, "batch": int, "environment": {...}, "ceilings": {...},
+     "dtype": str, "batch": int, "phase": "prefill" | "decode" (seq_len = context length),
+     "environment": {...}, "ceilings": {...},
      "shapes": [{"seq_len": int, "verdict": str, "gpu_busy_fraction": float,
                  "budget": {"wall_ms": float, "plain_wall_ms": float,
                             "categories": {"launch_host"|"memory"|"compute"|"idle_sync": ms},
@@ -50,6 +51,7 @@ class Analysis:
     environment: dict[str, Any]
     ceilings: Ceilings
     shapes: tuple[ShapeAnalysis, ...]
+    phase: str = "prefill"
 
 
 def costs_from(ceilings: Ceilings) -> Costs:
@@ -62,8 +64,10 @@ def find_candidates(model: torch.nn.Module, inputs: Any, ceilings: Ceilings) -> 
 
 def analyze_shape(mf: ModelFile, model: torch.nn.Module, seq_len: int, batch: int,
                   device: torch.device, dtype: torch.dtype, ceilings: Ceilings, *,
-                  iters: int = 5, trace_path: Path | None = None) -> ShapeAnalysis:
-    inputs = inputs_for(mf, seq_len, batch, device)
+                  iters: int = 5, trace_path: Path | None = None,
+                  phase: str = "prefill") -> ShapeAnalysis:
+    """seq_len is the prompt length (prefill) or the KV-cache context length (decode)."""
+    inputs = inputs_for(mf, seq_len, batch, device, phase=phase, dtype=dtype)
     checked_forward(mf, model, inputs)  # a raising forward is one clear error, first
     budget = profile_model(model, inputs, device, dtype, ceilings=ceilings, iters=iters,
                            trace_path=trace_path)
@@ -73,7 +77,7 @@ def analyze_shape(mf: ModelFile, model: torch.nn.Module, seq_len: int, batch: in
 
 def analyze(mf: ModelFile, shapes: tuple[int, ...], batch: int, device: torch.device,
             dtype: torch.dtype, ceilings: Ceilings, *, iters: int = 5,
-            trace_dir: Path | None = None) -> Analysis:
+            trace_dir: Path | None = None, phase: str = "prefill") -> Analysis:
     from advisor.env import environment
 
     model = build(mf, device, dtype)
@@ -81,9 +85,9 @@ def analyze(mf: ModelFile, shapes: tuple[int, ...], batch: int, device: torch.de
     for seq_len in shapes:
         trace = trace_dir / f"trace-{seq_len}.json" if trace_dir else None
         results.append(analyze_shape(mf, model, seq_len, batch, device, dtype, ceilings,
-                                     iters=iters, trace_path=trace))
+                                     iters=iters, trace_path=trace, phase=phase))
     return Analysis(str(mf.path), str(device), str(dtype).replace("torch.", ""), batch,
-                    environment(device), ceilings, tuple(results))
+                    environment(device), ceilings, tuple(results), phase)
 
 
 def _plain(obj: Any) -> Any:
@@ -106,5 +110,5 @@ def to_json(a: Analysis) -> dict[str, Any]:
                        "gpu_busy_fraction": s.gpu_busy_fraction,
                        "budget": _plain(s.budget), "candidates": cands})
     return {"schema_version": SCHEMA_VERSION, "kind": "advisor.analysis", "model": a.model,
-            "device": a.device, "dtype": a.dtype, "batch": a.batch,
+            "device": a.device, "dtype": a.dtype, "batch": a.batch, "phase": a.phase,
             "environment": a.environment, "ceilings": _plain(a.ceilings), "shapes": shapes}

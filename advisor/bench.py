@@ -17,6 +17,7 @@ from advisor.kernels.testing import max_abs_error, max_violation, rel_error, tol
 from advisor.loader import ModelFile, build, call, checked_forward, first_tensor, inputs_for
 from advisor.runtime.apply import apply
 from advisor.runtime.recipe import Recipe
+from advisor.state import Snapshot
 from advisor.timing import kernels_per_call, median_ms, timed_call
 
 SCHEMA_VERSION = 1
@@ -48,23 +49,38 @@ def _measure(name: str, fn: Any, device: torch.device, first_s: float, seq_len: 
 
 
 def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int,
-              device: torch.device, dtype: torch.dtype, compile_modes: tuple[str, ...]) -> BenchResult:
+              device: torch.device, dtype: torch.dtype, compile_modes: tuple[str, ...],
+              phase: str = "prefill") -> BenchResult:
+    """shapes are prompt lengths (prefill) or KV-cache context lengths (decode). Each
+    shape's inputs are snapshot once; state they hold (a KV cache) is restored before
+    every correctness check, so fused and eager see the same cache."""
     from advisor.env import environment
 
     model = build(mf, device, dtype)
     result = BenchResult(environment=environment(device),
-                         meta={"model": str(mf.path), "dtype": str(dtype), "batch": batch,
+                         meta={"model": str(mf.path), "dtype": str(dtype), "batch": batch, "phase": phase,
                                "shapes": list(shapes), "compile_modes": list(compile_modes)})
-    inputs = {t: inputs_for(mf, t, batch, device) for t in shapes}
+    inputs = {t: inputs_for(mf, t, batch, device, phase=phase, dtype=dtype) for t in shapes}
+    states = {t: Snapshot(inputs[t]) for t in shapes}
     refs = {t: first_tensor(checked_forward(mf, model, inputs[t])) for t in shapes}
+    for s in states.values():
+        s.restore()
     rows: list[dict[str, Any]] = []
+    # Decode calls are routed by context length, which the bench knows (reading it from
+    # cache_position would cost a device sync per step).
+    context = {"len": 0}
+    length_of = (lambda args, kwargs: context["len"]) if phase == "decode" else None
     with torch.no_grad():
         for t in shapes:
             rows.append(_measure("eager", lambda t=t: call(model, inputs[t]), device, 0.0, t))
-        fast = apply(model, recipe)
+            states[t].restore()
+        fast = apply(model, recipe, length_of=length_of)
         for t in shapes:
+            context["len"] = t
             out, first = timed_call(lambda t=t: call(fast, inputs[t]), device)
+            states[t].restore()
             row = _measure("advisor", lambda t=t: call(fast, inputs[t]), device, first, t)
+            states[t].restore()
             got = first_tensor(out)
             row["max_error"] = max_abs_error(got, refs[t])
             row["rel_error"] = rel_error(got, refs[t])

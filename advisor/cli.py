@@ -26,6 +26,8 @@ DeviceOpt = Annotated[str | None, typer.Option("--device", help="cuda or cpu (de
 DtypeOpt = Annotated[str | None, typer.Option(
     "--dtype", help="bf16/fp16/fp32 (default: bf16 on cuda, fp32 on cpu)")]
 BatchOpt = Annotated[int, typer.Option("--batch", min=1, help="sequences per forward")]
+PhaseOpt = Annotated[str, typer.Option(
+    "--phase", help="prefill (shapes = prompt lengths) or decode (shapes = KV-cache context lengths)")]
 
 
 def _device_dtype(device: str | None, dtype: str | None):
@@ -48,6 +50,7 @@ def analyze(
     top: Annotated[int, typer.Option(min=1, help="ops to list per shape")] = 10,
     json_path: Annotated[Path | None, typer.Option("--json", help="write the analysis JSON here")] = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="folder for Chrome/Perfetto traces")] = None,
+    phase: PhaseOpt = "prefill",
 ) -> None:
     """Where does the time go, and what should be fused? Budget + ranked candidates."""
     from advisor.analyze import analyze as run
@@ -63,7 +66,7 @@ def analyze(
     ceilings = load_or_measure(dev)
     if trace is not None:
         trace.mkdir(parents=True, exist_ok=True)
-    result = run(mf, lengths, batch, dev, dt, ceilings, iters=iters, trace_dir=trace)
+    result = run(mf, lengths, batch, dev, dt, ceilings, iters=iters, trace_dir=trace, phase=phase)
     render_analysis(result, out, top=top)
     if json_path is not None:
         write_json_atomic(json_path, to_json(result))
@@ -94,6 +97,7 @@ def bench(
     compile_modes: Annotated[str, typer.Option(
         "--compile", help="torch.compile modes to compare: default,reduce-overhead or none")] = "default",
     json_path: Annotated[Path | None, typer.Option("--json", help="write the results JSON here")] = None,
+    phase: PhaseOpt = "prefill",
 ) -> None:
     """Eager vs torch.compile vs the recipe, measured in one run, checked against eager."""
     from advisor.bench import run_bench, to_json
@@ -107,12 +111,58 @@ def bench(
     rec = load_recipe(recipe) if recipe else Recipe.from_plan(ALL_FUSIONS)
     dev, dt = _device_dtype(device, dtype)
     modes = tuple(m for m in compile_modes.split(",") if m and m != "none")
-    result = run_bench(mf, rec, lengths, batch, dev, dt, modes)
+    result = run_bench(mf, rec, lengths, batch, dev, dt, modes, phase=phase)
     render_rows("latency per forward (median)", result.rows, out)
     render_rows("fusions applied", result.applied, out)
     if json_path is not None:
         write_json_atomic(json_path, to_json(result))
         out.print(f"[dim]wrote {json_path}[/dim]")
+
+
+TrialsOpt = Annotated[int | None, typer.Option(
+    min=1, help="finished trials per bucket study (default 20 without --time-budget)")]
+BudgetOpt = Annotated[float | None, typer.Option(
+    "--time-budget", min=1, help="wall-clock seconds for the whole search")]
+StorageOpt = Annotated[str | None, typer.Option(
+    help="Optuna RDB URL, or a journal file (default: <out>.journal)")]
+StudyOpt = Annotated[str | None, typer.Option(
+    help="study name prefix (default: model, fingerprint, dtype, batch, device)")]
+
+
+@app.command()
+def tune(
+    model: ModelArg,
+    shapes: ShapesOpt = "128",
+    trials: TrialsOpt = None,
+    time_budget: BudgetOpt = None,
+    out_path: Annotated[Path, typer.Option("--out", help="recipe JSON to write")] = Path("recipe.json"),
+    storage: StorageOpt = None,
+    study: StudyOpt = None,
+    workers: Annotated[int, typer.Option(min=1, help="worker processes running trials")] = 1,
+    seed: Annotated[int, typer.Option(help="sampler seed (same seed, same search)")] = 0,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    batch: BatchOpt = 1,
+    trial_timeout: Annotated[float, typer.Option(min=1, help="seconds per trial stage")] = 300.0,
+    rep_ms: Annotated[float, typer.Option(min=1, help="timing budget per measurement, ms")] = 500.0,
+) -> None:
+    """Which plan is fastest per shape bucket? Optuna search, verified plans, a recipe."""
+    from advisor.loader import load_model_file, parse_shapes
+    from advisor.report.progress import TuneProgress, render_tune_summary
+    from advisor.search import TuneOptions
+    from advisor.search import tune as run
+
+    lengths = parse_shapes(shapes)
+    load_model_file(model)  # a bad model file: one line, before any worker starts
+    dev, dt = _device_dtype(device, dtype)
+    options = TuneOptions(
+        model=str(model), shapes=lengths, out=out_path, dtype=dt, device=str(dev), batch=batch,
+        trials=trials if trials is not None or time_budget is not None else 20,
+        time_budget_s=time_budget, storage=storage, study=study, workers=workers, seed=seed,
+        trial_timeout_s=trial_timeout, warmup_ms=min(100.0, rep_ms / 5), rep_ms=rep_ms)
+    with TuneProgress(out) as progress:
+        result = run(options, progress)
+    render_tune_summary(result, out)
 
 
 def main() -> None:

@@ -4,7 +4,8 @@ A model file defines::
 
     build_model(device, dtype) -> torch.nn.Module
     make_inputs(seq_len, batch, device) -> tuple | dict   # positional or keyword args of forward
-    make_decode_inputs(context_len, batch, device)        # optional, for --phase decode
+    make_decode_inputs(context_len, batch, device[, dtype])  # optional, for --phase decode:
+        # one decode step's inputs with a KV cache already filled to context_len
 
 Every failure (missing file, syntax/import error, missing function, a forward that raises)
 becomes one `ModelFileError` line naming the file and the cause.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import sys
 import traceback
 from collections.abc import Callable, Mapping
@@ -131,17 +133,33 @@ def build(mf: ModelFile, device: torch.device, dtype: torch.dtype) -> torch.nn.M
     return model.eval()
 
 
+PHASES = ("prefill", "decode")
+
+
+def _takes_dtype(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return len(params) >= 4 or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
 def inputs_for(mf: ModelFile, seq_len: int, batch: int, device: torch.device,
-               phase: str = "prefill") -> Inputs:
-    """Call make_inputs (or make_decode_inputs for phase='decode') with clear errors."""
-    fn, fname = mf.make_inputs, "make_inputs"
+               phase: str = "prefill", dtype: torch.dtype | None = None) -> Inputs:
+    """Call make_inputs (or make_decode_inputs for phase='decode') with clear errors.
+    A decode function that takes a 4th argument gets the model dtype (for its cache)."""
+    if phase not in PHASES:
+        raise ModelFileError(f"unknown phase {phase!r}; use one of {PHASES}")
+    fn, fname, extra = mf.make_inputs, "make_inputs", ()
     if phase == "decode":
         if mf.make_decode_inputs is None:
             raise ModelFileError(
                 f"{mf.path}: --phase decode needs make_decode_inputs(context_len, batch, device)")
         fn, fname = mf.make_decode_inputs, "make_decode_inputs"
+        if dtype is not None and _takes_dtype(fn):
+            extra = (dtype,)
     try:
-        inputs = fn(seq_len, batch, device)
+        inputs = fn(seq_len, batch, device, *extra)
     except Exception as exc:
         raise ModelFileError(f"{mf.path}: {fname}({seq_len}, {batch}) failed: {_one_line(exc)}") from None
     if not isinstance(inputs, (tuple, list, Mapping)):
@@ -155,9 +173,11 @@ def call(model: Callable[..., Any], inputs: Inputs) -> Any:
 
 
 def checked_forward(mf: ModelFile, model: Callable[..., Any], inputs: Inputs) -> Any:
-    """One forward under inference_mode; a raising forward becomes a ModelFileError."""
+    """One forward under no_grad (not inference_mode: inference tensors created in state such
+    as a KV cache could not be used by later traced calls); a raising forward becomes a
+    ModelFileError."""
     try:
-        with torch.inference_mode():
+        with torch.no_grad():
             return call(model, inputs)
     except Exception as exc:
         raise ModelFileError(f"{mf.path}: forward failed: {_one_line(exc)}") from None

@@ -46,3 +46,26 @@ def make_inputs(seq_len: int, batch: int, device: torch.device) -> dict:
     g = torch.Generator().manual_seed(seq_len * 1000 + batch)
     ids = torch.randint(0, vocab, (batch, seq_len), generator=g).to(device)
     return {"input_ids": ids, "use_cache": False}
+
+
+def make_decode_inputs(context_len: int, batch: int, device: torch.device,
+                       dtype: torch.dtype = torch.float32) -> dict:
+    """One decode step: a new token per sequence and a static KV cache already holding
+    `context_len` positions (random keys/values: latency does not depend on them, and the
+    fused and unfused models read the same cache)."""
+    from transformers import StaticCache
+
+    config = _config(torch.device(device))
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    max_len = max(2 * context_len, context_len + 64)
+    cache = StaticCache(config=config, max_cache_len=max_len)
+    g = torch.Generator().manual_seed(context_len * 7 + batch)
+    shape = (batch, config.num_key_value_heads, context_len, head_dim)
+    positions = torch.arange(context_len, device=device)
+    for layer in range(config.num_hidden_layers):
+        k = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+        v = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+        cache.update(k, v, layer, {"cache_position": positions})
+    ids = torch.randint(0, config.vocab_size, (batch, 1), generator=g).to(device)
+    return {"input_ids": ids, "past_key_values": cache, "use_cache": True,
+            "cache_position": torch.tensor([context_len], device=device)}

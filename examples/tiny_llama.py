@@ -65,7 +65,9 @@ class Attention(nn.Module):
         self.wv = nn.Linear(d.dim, d.kv_heads * d.head_dim, bias=False)
         self.wo = nn.Linear(d.heads * d.head_dim, d.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+                cache_position: torch.Tensor | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         hd = self.d.head_dim
         q = self.wq(x).view(b, t, self.d.heads, hd).transpose(1, 2)  # (B, H, T, D)
@@ -73,10 +75,20 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, t, self.d.kv_heads, hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        mask, causal = None, True
+        if kv is not None and cache_position is not None:
+            # Static KV cache (B, Hkv, S_max, D): write this step's keys/values in place at
+            # cache_position (T,), then attend over the whole cache, masked to the past.
+            k_cache, v_cache = kv
+            k_cache.index_copy_(2, cache_position, k)
+            v_cache.index_copy_(2, cache_position, v)
+            k, v = k_cache, v_cache
+            slots = torch.arange(k_cache.shape[2], device=x.device)
+            mask, causal = slots[None, :] <= cache_position[:, None], False  # (T, S_max)
         rep = self.d.heads // self.d.kv_heads
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)  # (B, H, T, D)
         return self.wo(o.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -99,8 +111,10 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(d.dim, d.eps)
         self.feed_forward = FeedForward(d)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+                cache_position: torch.Tensor | None = None) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, kv, cache_position)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -115,15 +129,21 @@ class TinyLlama(nn.Module):
         inv_freq = 1.0 / (d.theta ** (torch.arange(0, d.head_dim, 2).float() / d.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                cache_position: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, T); with `cache` (per layer (k, v), each (B, Hkv, S_max, D)) the
+        tokens sit at `cache_position` (T,) and the cache is updated in place."""
         t = tokens.shape[1]
-        pos = torch.arange(t, device=tokens.device, dtype=torch.float32)
+        if cache_position is None:
+            pos = torch.arange(t, device=tokens.device, dtype=torch.float32)
+        else:
+            pos = cache_position.to(torch.float32)
         freqs = torch.outer(pos, self.inv_freq)  # (T, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (T, D)
         h = self.tok_embeddings(tokens)
         cos, sin = emb.cos().to(h.dtype), emb.sin().to(h.dtype)
-        for layer in self.layers:
-            h = layer(h, cos, sin)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, cache[i] if cache is not None else None, cache_position)
         return self.output(self.norm(h))
 
 
@@ -143,3 +163,18 @@ def make_inputs(seq_len: int, batch: int, device: torch.device) -> tuple:
     d = dims_for(torch.device(device))
     g = torch.Generator().manual_seed(seq_len * 1000 + batch)
     return (torch.randint(0, d.vocab, (batch, seq_len), generator=g).to(device),)
+
+
+def make_decode_inputs(context_len: int, batch: int, device: torch.device,
+                       dtype: torch.dtype = torch.float32) -> dict:
+    """One decode step: a new token per sequence at position `context_len`, and a static KV
+    cache (random past keys/values) with room for more steps."""
+    d = dims_for(torch.device(device))
+    g = torch.Generator().manual_seed(context_len * 7 + batch)
+    s_max = max(2 * context_len, context_len + 64)
+    shape = (batch, d.kv_heads, s_max, d.head_dim)
+    cache = [(torch.randn(shape, generator=g).to(device=device, dtype=dtype),
+              torch.randn(shape, generator=g).to(device=device, dtype=dtype)) for _ in range(d.layers)]
+    tokens = torch.randint(0, d.vocab, (batch, 1), generator=g).to(device)
+    return {"tokens": tokens, "cache": cache,
+            "cache_position": torch.tensor([context_len], device=device)}

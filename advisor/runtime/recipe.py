@@ -191,6 +191,7 @@ def write_json_atomic(path: str | Path, obj: Any) -> Path:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=2, allow_nan=False)
             f.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a recipe is meant to be shared
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
