@@ -33,7 +33,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass

@@ -1,0 +1,157 @@
+"""The plan space of one shape bucket, as data, and how a trial samples it.
+
+Design choice: the kernel config is searched **directly by Optuna** (one categorical
+parameter per enabled family) and measured end to end, rather than pre-selected by a
+kernel micro-benchmark. The choices come from the kernel's own `SPACE.configs(problem)`
+(STYLE.md practice 3: the space is declared once), with `problem` taken from the real
+operand shapes of every site of that family at the bucket's representative length; only
+configs valid at *every* site are offered, plus `""` = each site's heuristic default.
+
+Parameters of a trial (names are stable: resumed studies must see the same space)::
+
+    <family>          True/False    one per applicable candidate family found at that length
+    <family>.config   "" | "BLOCK_N=128,num_warps=1,..."   only when the family is on
+    cuda_graph        True/False    CUDA only
+
+`describe_bucket` runs in a worker process (it captures the model); everything else here is
+plain data and runs anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from advisor.runtime.plan import FAMILIES, UNTUNED_KERNELS, Plan
+
+DEFAULT_CONFIG = ""  # the kernel's heuristic default at each site
+
+
+@dataclass(frozen=True)
+class FamilySpace:
+    family: str
+    kernel: str
+    sites: int
+    predicted_saving_ms: float
+    configs: tuple[str, ...] = (DEFAULT_CONFIG,)   # encoded configs; "" first
+
+
+@dataclass(frozen=True)
+class BucketSpace:
+    """What can be tuned at one bucket: bound (= representative length) and lower bound."""
+
+    length: int
+    lower: int                          # previous bucket's bound (0 for the first)
+    families: tuple[FamilySpace, ...]
+    cuda_graph: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"length": self.length, "lower": self.lower, "cuda_graph": self.cuda_graph,
+                "families": [{**asdict(f), "configs": list(f.configs)} for f in self.families]}
+
+    @staticmethod
+    def from_json(obj: dict[str, Any]) -> BucketSpace:
+        fams = tuple(FamilySpace(**{**f, "configs": tuple(f["configs"])}) for f in obj["families"])
+        return BucketSpace(obj["length"], obj["lower"], fams, obj["cuda_graph"])
+
+
+def config_param(family: str) -> str:
+    return f"{family}.config"
+
+
+def suggest(trial: Any, space: BucketSpace) -> Plan:
+    """Sample a plan with an Optuna trial (conditional: a config only for an enabled family)."""
+    params: dict[str, Any] = {}
+    for f in space.families:
+        params[f.family] = trial.suggest_categorical(f.family, [True, False])
+        if params[f.family] and len(f.configs) > 1:
+            params[config_param(f.family)] = trial.suggest_categorical(
+                config_param(f.family), list(f.configs))
+    if space.cuda_graph:
+        params["cuda_graph"] = trial.suggest_categorical("cuda_graph", [True, False])
+    return plan_from_params(params, space)
+
+
+def plan_from_params(params: dict[str, Any], space: BucketSpace) -> Plan:
+    """Trial parameters -> Plan (families in FAMILIES order, default configs omitted)."""
+    order = {fam: i for i, fam in enumerate(FAMILIES)}
+    on = sorted((f.family for f in space.families if params.get(f.family)), key=order.__getitem__)
+    configs = {fam: params[config_param(fam)] for fam in on
+               if params.get(config_param(fam), DEFAULT_CONFIG) != DEFAULT_CONFIG}
+    return Plan(fusions=tuple(on), configs=configs, cuda_graph=bool(params.get("cuda_graph")))
+
+
+def seed_params(space: BucketSpace) -> list[dict[str, Any]]:
+    """Trials every study starts with: nothing fused, then the analyzer's predicted best
+    (every family with a positive predicted saving, default configs, no CUDA graph)."""
+    nothing: dict[str, Any] = {f.family: False for f in space.families}
+    best: dict[str, Any] = {f.family: f.predicted_saving_ms > 0 for f in space.families}
+    for f in space.families:
+        if best[f.family] and len(f.configs) > 1:
+            best[config_param(f.family)] = DEFAULT_CONFIG
+    if space.cuda_graph:
+        nothing["cuda_graph"] = best["cuda_graph"] = False
+    return [nothing] if best == nothing else [nothing, best]
+
+
+# ---- worker side: find the space on the captured graph ------------------------------
+
+
+def _meta(value: Any) -> Any:
+    """An operand as the kernel's `problem` sees it: a meta tensor of the site's shape."""
+    import torch
+
+    from advisor.graph.capture import fake, hint
+
+    t = fake(value)
+    if t is None:
+        return value
+    return torch.empty([hint(s) for s in t.shape], dtype=t.dtype, device="meta")
+
+
+def site_configs(match: Any) -> list[str] | None:
+    """Encoded configs of the match's kernel valid for this site's problem (None: unknown)."""
+    from advisor.kernels.registry import get
+    from advisor.kernels.space import encode
+    from advisor.runtime.emit import KERNEL_ARGS
+
+    if match.kernel not in KERNEL_ARGS:
+        return None
+    spec = get(match.kernel)
+    args = [_meta(match.operands.get(name)) for name in KERNEL_ARGS[match.kernel][0]]
+    try:
+        problem = spec.problem(*args)
+    except Exception:  # a kernel whose problem() cannot read these operands: default only
+        return None
+    return [encode(c) for c in spec.space.configs(problem)]
+
+
+def family_configs(kernel: str, matches: list[Any]) -> tuple[str, ...]:
+    """"" plus the configs valid at every site (in the space's grid order)."""
+    if kernel in UNTUNED_KERNELS:
+        return (DEFAULT_CONFIG,)
+    common: list[str] | None = None
+    for m in matches:
+        here = site_configs(m)
+        if here is None:
+            return (DEFAULT_CONFIG,)
+        common = here if common is None else [c for c in common if c in set(here)]
+    return (DEFAULT_CONFIG, *(common or []))
+
+
+def describe_bucket(model: Any, inputs: Any, costs: Any, length: int, lower: int,
+                    cuda: bool) -> BucketSpace:
+    """Capture the model at `length`, price its candidates, and lay out the space."""
+    from advisor.graph.candidates import candidates, matches_of
+    from advisor.graph.capture import capture
+
+    matches = matches_of(capture(model, inputs))
+    fams = []
+    for c in candidates(matches, costs):
+        if not c.applicable or c.family not in FAMILIES:
+            continue
+        mine = [m for m in matches if m.family == c.family]
+        fams.append(FamilySpace(c.family, str(c.kernel), c.count, float(c.predicted_saving_ms),
+                                family_configs(FAMILIES[c.family], mine)))
+    fams.sort(key=lambda f: list(FAMILIES).index(f.family))
+    return BucketSpace(length, lower, tuple(fams), cuda_graph=cuda)

@@ -1,0 +1,320 @@
+"""`advisor tune`: end to end, injected faults, dead and hung workers, resume, concurrency.
+
+Workers run with TRITON_INTERPRET=0, so on the CPU the custom ops take their eager
+reference path: what is under test here is the search (isolation, verification, storage,
+choice), not the kernels (tests/test_kernel_*.py run those through the interpreter).
+Faults are injected with the test-only ADVISOR_FAULT hook (advisor/search/objective.py).
+"""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from optuna.trial import FixedTrial, TrialState
+from typer.testing import CliRunner
+
+from advisor.cli import app
+from advisor.kernels.testing import max_violation, tolerance
+from advisor.loader import build, call, first_tensor, inputs_for, load_model_file
+from advisor.runtime.apply import apply
+from advisor.runtime.plan import UNFUSED, Plan
+from advisor.runtime.recipe import load_recipe
+from advisor.search import TuneOptions, tune
+from advisor.search.objective import TrialFailed, classify, verify_length
+from advisor.search.space import BucketSpace, FamilySpace, seed_params, suggest
+from advisor.search.study import Budget, Timed, choose, open_storage
+
+CPU = torch.device("cpu")
+# One block: RMSNorm -> gate/up -> SiLU·mul -> down -> residual add -> RMSNorm.
+# Families found: rms_norm, add_rms_norm, gated_act, gate_up_merge.
+TINY = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Norm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(d) + 0.5)
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+class Tiny(nn.Module):
+    def __init__(self, d=32, h=48):
+        super().__init__()
+        self.n1, self.n2 = Norm(d), Norm(d)
+        self.gate, self.up = nn.Linear(d, h, bias=False), nn.Linear(d, h, bias=False)
+        self.down = nn.Linear(h, d, bias=False)
+
+    def forward(self, x):
+        y = self.n1(x)
+        return self.n2(x + self.down(F.silu(self.gate(y)) * self.up(y)))
+
+
+def build_model(device, dtype):
+    torch.manual_seed(0)
+    return Tiny().to(device=device, dtype=dtype)
+
+
+def make_inputs(seq_len, batch, device):
+    return (torch.randn(batch, seq_len, 32).to(device),)
+"""
+REASON = {"compile": "compile_error", "wrong": "mismatch", "nan": "nan", "exit": "crash",
+          "hang": "timeout"}
+
+
+@pytest.fixture(autouse=True)
+def _eager_kernels(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # inherited by the spawned workers
+    monkeypatch.delenv("ADVISOR_FAULT", raising=False)
+
+
+@pytest.fixture
+def tiny(tmp_path) -> Path:
+    path = tmp_path / "tiny.py"
+    path.write_text(TINY)
+    return path
+
+
+def _options(model: Path, out: Path, **kw) -> TuneOptions:
+    base = dict(shapes=(8,), dtype=torch.float32, trials=4, warmup_ms=2.0, rep_ms=10.0,
+                trial_timeout_s=60.0)
+    return TuneOptions(model=str(model), out=out, **{**base, **kw})
+
+
+def _trials(options: TuneOptions, name: str) -> list[optuna.trial.FrozenTrial]:
+    storage, _ = open_storage(options)
+    return optuna.load_study(study_name=name, storage=storage).get_trials()
+
+
+def _expected(trial, faults: list[tuple[str, str]]) -> str | None:
+    """The reason the first faulty family this trial's plan enabled must fail it with."""
+    on = set(trial.user_attrs["plan"]["fusions"])
+    return next((REASON[kind] for fam, kind in faults if fam in on), None)
+
+
+# ---- pure pieces ---------------------------------------------------------------------
+
+
+def test_tie_break_prefers_fewer_fusions_then_lower_trial():
+    a = Plan(fusions=("rms_norm", "gated_act"))
+    b = Plan(fusions=("rms_norm",))
+    cands = [Timed(1.00, a, 3), Timed(1.005, b, 7), Timed(1.008, b, 5), Timed(1.2, UNFUSED, -1)]
+    assert choose(cands) == Timed(1.008, b, 5)           # within 1%: 1 fusion, lowest number
+    assert choose([Timed(1.0, a, 3), Timed(1.02, b, 1)]).number == 3  # 2% slower: not a tie
+
+
+def test_classify_and_verify_length():
+    assert classify(TrialFailed("nan")) == "nan"
+    oom = type("OutOfMemoryError", (RuntimeError,), {})("CUDA out of memory")
+    assert classify(RuntimeError("wrapped")) == "error"
+    try:
+        try:
+            raise oom
+        except RuntimeError as inner:
+            raise ValueError("backend failed") from inner
+    except ValueError as exc:
+        assert classify(exc) == "oom"  # found through the cause chain (dynamo wraps errors)
+    assert classify(RuntimeError("CUDA error: an illegal memory access")) == "crash"
+    lengths = {verify_length(8, 64, n, 0) for n in range(50)}
+    assert lengths <= set(range(9, 64)) and len(lengths) > 5
+    assert verify_length(0, 2, 0, 0) == 2
+
+
+def test_time_budget_is_shared_over_buckets_and_trials_target_the_study():
+    b = Budget(trials=None, deadline=time.monotonic() + 100, buckets_left=2, total_s=100)
+    n, share, run = b.for_bucket(done=0)
+    assert n is None and 49 < share <= 50 and run
+    assert b.hard_deadline(trial_timeout_s=300) == b.deadline + 10.0  # a grace, then a kill
+    assert Budget(trials=5, deadline=None, buckets_left=1).for_bucket(done=5) == (0, None, False)
+    assert Budget(trials=5, deadline=None, buckets_left=1).for_bucket(done=2) == (3, None, True)
+
+
+def test_space_suggests_conditional_configs_and_seeds():
+    space = BucketSpace(64, 0, (FamilySpace("rms_norm", "rms_norm", 2, 0.1, ("", "BLOCK_N=128")),
+                                FamilySpace("gated_act", "gated_act", 1, 0.0)), cuda_graph=True)
+    nothing, best = seed_params(space)
+    assert not any(nothing.values())
+    assert best == {"rms_norm": True, "rms_norm.config": "", "gated_act": False, "cuda_graph": False}
+    plan = suggest(FixedTrial({"rms_norm": True, "rms_norm.config": "BLOCK_N=128",
+                               "gated_act": True, "cuda_graph": True}), space)
+    assert plan == Plan(("rms_norm", "gated_act"), {"rms_norm": "BLOCK_N=128"}, True)
+
+
+# ---- end to end ----------------------------------------------------------------------
+
+
+def test_cli_tune_two_buckets_writes_a_recipe_that_loads_and_applies(tmp_path):
+    out = tmp_path / "recipe.json"
+    res = CliRunner().invoke(app, ["tune", "examples/tiny_llama.py", "--shapes", "8,16",
+                                   "--trials", "3", "--rep-ms", "10", "--device", "cpu",
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "tuned plan per bucket" in res.output and (tmp_path / "recipe.json.journal").exists()
+    recipe = load_recipe(out)
+    assert [b.max_len for b in recipe.buckets] == [8, 16]
+    for b in recipe.buckets:
+        m = b.measured
+        assert m["trials"] == 3 and m["failures"] == {} and m["tuned_ms"] > 0 and m["unfused_ms"] > 0
+    assert recipe.model["phase"] == "prefill" and len(recipe.model["fingerprint"]) == 64
+    assert recipe.environment["device_type"] == "cpu"
+    # The predicted-best seed (every fusion on) ran, applied sites and passed verification.
+    trials = _trials(_options(Path("examples/tiny_llama.py"), out), _study_of(recipe, 8))
+    assert any(t.state == TrialState.COMPLETE and t.user_attrs["applied"] > 0 for t in trials)
+    mf = load_model_file("examples/tiny_llama.py")
+    model = build(mf, CPU, torch.float32)
+    fast = apply(model, recipe, strict=True)
+    for t in (5, 13):
+        x = inputs_for(mf, t, 1, CPU)
+        got, want = first_tensor(call(fast, x)), first_tensor(call(model, x))
+        assert max_violation(got, want, tolerance(torch.float32, model=True)) <= 0
+
+
+def _study_of(recipe, length: int) -> str:
+    fp, dtype = recipe.model["fingerprint"][:8], recipe.model["dtype"]
+    return f"tiny_llama-{fp}-{dtype}-b1-cpu-len{length}"
+
+
+def test_tune_with_a_raising_forward_is_one_line_and_writes_nothing(tmp_path):
+    model = tmp_path / "model.py"
+    model.write_text(TINY.replace("return self.n2(", "raise RuntimeError('boom'); return self.n2("))
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "advisor.cli", "tune", str(model), "--shapes", "4",
+                           "--device", "cpu", "--out", str(out)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "forward failed: RuntimeError: boom" in lines[0], proc.stderr
+    assert not out.exists() and not Path(f"{out}.journal").exists()
+
+
+# ---- faults --------------------------------------------------------------------------
+
+
+def test_injected_faults_fail_with_their_reason_and_are_never_chosen(tiny, tmp_path, monkeypatch):
+    faults = [("gated_act", "compile"), ("rms_norm", "wrong"), ("add_rms_norm", "nan")]
+    monkeypatch.setenv("ADVISOR_FAULT", ",".join(f"{f}:{k}" for f, k in faults))
+    result = tune(_options(tiny, tmp_path / "r.json", trials=10, seed=5))
+    (bucket,) = result.buckets
+    trials = _trials(_options(tiny, tmp_path / "r.json"), bucket.study)
+    assert len(trials) == 10
+    for t in trials:
+        want = _expected(t, faults)
+        assert t.state == (TrialState.FAIL if want else TrialState.COMPLETE), t
+        assert t.user_attrs.get("failure") == want
+    assert set(bucket.failures) == {"compile_error", "mismatch", "nan"}
+    assert bucket.failures == dict(Counter(t.user_attrs["failure"] for t in trials
+                                           if t.state == TrialState.FAIL))
+    assert not {f for f, _ in faults} & set(bucket.plan.fusions)
+    assert load_recipe(tmp_path / "r.json").buckets[0].measured["failures"] == bucket.failures
+
+
+def test_dead_and_hung_workers_are_replaced_and_the_study_goes_on(tiny, tmp_path, monkeypatch):
+    faults = [("gated_act", "exit"), ("rms_norm", "hang")]
+    monkeypatch.setenv("ADVISOR_FAULT", ",".join(f"{f}:{k}" for f, k in faults))
+    result = tune(_options(tiny, tmp_path / "r.json", trials=7, seed=0, trial_timeout_s=8.0))
+    (bucket,) = result.buckets
+    trials = _trials(_options(tiny, tmp_path / "r.json"), bucket.study)
+    assert len(trials) == 7 and result.worker_restarts >= 2
+    for t in trials:
+        assert t.user_attrs.get("failure") == _expected(t, faults), t
+    assert set(bucket.failures) == {"crash", "timeout"}
+    first_crash = min(t.number for t in trials if t.user_attrs.get("failure") == "crash")
+    assert any(t.state == TrialState.COMPLETE for t in trials if t.number > first_crash)
+
+
+# ---- storage: resume and concurrency -------------------------------------------------
+
+
+def test_same_seed_same_search_and_a_rerun_with_more_trials_resumes(tiny, tmp_path):
+    runs = [tune(_options(tiny, tmp_path / f"r{i}.json", trials=3, seed=7)).buckets[0]
+            for i in range(2)]
+    seen = [[t.params for t in _trials(_options(tiny, tmp_path / f"r{i}.json"), r.study)]
+            for i, r in enumerate(runs)]
+    assert seen[0] == seen[1] and runs[0].plan == runs[1].plan  # same seed, same search
+    options = _options(tiny, tmp_path / "r0.json", trials=5, seed=7)
+    before = _trials(options, runs[0].study)
+    (again,) = tune(options).buckets
+    after = _trials(options, runs[0].study)
+    assert [(t.number, t.params, t.value) for t in after[:3]] == \
+           [(t.number, t.params, t.value) for t in before]
+    assert len(after) == 5 and again.trials == 5 and again.ran == 2
+
+
+def _wait_for(predicate, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.5)
+
+
+def test_kill_9_mid_trial_then_the_same_command_resumes(tiny, tmp_path):
+    """The parent is killed -9 while trial 1 (the predicted-best seed, every fusion on) hangs;
+    the rerun marks it FAIL (crash), retries its parameters and keeps trial 0."""
+    out = tmp_path / "r.json"
+    env = {**os.environ, "ADVISOR_FAULT": "gate_up_merge:hang"}
+    proc = subprocess.Popen([sys.executable, "-m", "advisor.cli", "tune", str(tiny), "--shapes", "8",
+                             "--trials", "4", "--rep-ms", "10", "--device", "cpu", "--out", str(out)],
+                            env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    options = _options(tiny, out, trials=4)
+    name = "tiny-"  # the study name starts with the model file's stem
+
+    def running() -> list:
+        if not Path(f"{out}.journal").exists():
+            return []
+        storage, _ = open_storage(options)
+        studies = [s.study_name for s in optuna.get_all_study_summaries(storage)
+                   if s.study_name.startswith(name)]
+        trials = _trials(options, studies[0]) if studies else []
+        return [t for t in trials if t.state == TrialState.RUNNING and t.number == 1]
+
+    try:
+        _wait_for(lambda: bool(running()))
+        time.sleep(1.0)
+    finally:
+        proc.kill()
+        proc.wait()
+    (bucket,) = tune(options).buckets
+    trials = _trials(options, bucket.study)
+    assert trials[0].state == TrialState.COMPLETE and not trials[0].user_attrs.get("retry_of")
+    assert trials[1].state == TrialState.FAIL and trials[1].user_attrs["failure"] == "crash"
+    retry = [t for t in trials if t.user_attrs.get("retry_of") == 1]
+    assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE
+    assert retry[0].params == trials[1].params
+    assert len(trials) == 4 and bucket.failures == {"crash": 1}
+
+
+def test_two_workers_and_two_runs_share_one_journal_without_losing_trials(tiny, tmp_path):
+    (bucket,) = tune(_options(tiny, tmp_path / "a.json", trials=4, workers=2)).buckets
+    trials = _trials(_options(tiny, tmp_path / "a.json"), bucket.study)
+    assert sorted(t.number for t in trials) == list(range(4)) and bucket.ran == 4
+    assert {t.user_attrs.get("worker") for t in trials[:2]} == {0, 1}
+    # Two runs at once on one journal file and study: numbers unique, count = sum of runs.
+    journal, results = str(tmp_path / "shared.journal"), []
+
+    def run(i: int) -> None:
+        opts = _options(tiny, tmp_path / f"r{i}.json", trials=2, storage=journal, study="shared")
+        results.append(tune(opts).buckets[0])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 2
+    trials = _trials(_options(tiny, tmp_path / "x.json", storage=journal), "shared-len8")
+    done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)]
+    assert len({t.number for t in trials}) == len(trials)
+    assert len(done) == results[0].ran + results[1].ran
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
