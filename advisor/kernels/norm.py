@@ -403,6 +403,7 @@ def _spec(name, reference, launch, spills, make_inputs, bytes_moved, unfused) ->
         name=name, reference=reference, launch=launch, space=SPACE, make_inputs=make_inputs,
         problem=lambda x, *rest: _problem(x), bytes_moved=bytes_moved, test_dims=TEST_DIMS,
         bench_dims=_bench_dims, unfused_launches=unfused, spills=spills,
+        usable=lambda x, *rest: _use_triton(x),
     ))
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from advisor.kernels._triton import triton_can_run
 from advisor.kernels.space import Config, ConfigSpace, Problem
 
 # Modules that register kernels on import; imported lazily by `all_kernels()` / `get()`.
@@ -54,6 +55,16 @@ class KernelSpec:
     bench_dims: Callable[[int], Mapping[str, int]]
     unfused_launches: int
     spills: Callable[..., int | None] | None = None  # spills(*inputs, config=) -> count
+    # usable(*inputs) -> can the Triton launcher take these inputs (device, dtype, width)?
+    # Where not, the custom op and the runtime run `reference` instead. Default: the
+    # inputs are on CUDA (or on the CPU under the Triton interpreter).
+    usable: Callable[..., bool] | None = None
+
+    def can_launch(self, *inputs: Any) -> bool:
+        if self.usable is not None:
+            return self.usable(*inputs)
+        first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
+        return first is not None and triton_can_run(first)
 
     def default_config(self, *inputs: Any) -> Config:
         return self.space.default(self.problem(*inputs))

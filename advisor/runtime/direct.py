@@ -16,13 +16,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from advisor.kernels._triton import triton_can_run
 from advisor.kernels.registry import KernelSpec, all_kernels
 from advisor.kernels.space import decode
-
-
-def _first_tensor(args: tuple) -> torch.Tensor:
-    return next(a for a in args if isinstance(a, torch.Tensor))
 
 
 def _direct(spec: KernelSpec) -> Callable[..., Any]:
@@ -30,7 +25,7 @@ def _direct(spec: KernelSpec) -> Callable[..., Any]:
 
     def call(*args: Any) -> Any:
         *operands, config = args
-        if triton_can_run(_first_tensor(tuple(operands))):
+        if spec.can_launch(*operands):
             return spec.launch(*operands, config=decode(config) or None)
         return spec.reference(*operands)
 
