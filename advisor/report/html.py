@@ -1,0 +1,444 @@
+"""A self-contained HTML report from the plain JSON dicts (rendering only, no computation).
+
+Inputs are the documented JSON outputs, read as dicts: analyses (`advisor.analyze.to_json`,
+schema in advisor/analyze.py), an optional bench (`advisor.bench.to_json`, or a
+`benchmarks/` result with the same `rows`), an optional recipe (`Recipe.to_json()`, or a
+hand-written plan) and an optional tuning history: one dict per finished trial,
+``{"bucket": int, "number": int, "state": "COMPLETE"|"FAIL"|"PRUNED", "value": ms | None,
+"failure": str | None}`` (`dataclasses.asdict(TrialEvent)` plus the bucket's length).
+
+The page has no external resources and no script: inline CSS, inline SVG drawn here,
+tooltips as SVG ``<title>``/HTML ``title``. All text from the inputs is escaped. Example::
+
+    import json
+    from advisor.report.html import render_html, write_html
+    a = json.load(open("benchmarks/results/h200-analysis-2026-12-02.json"))
+    b = json.load(open("benchmarks/results/h200-apply-2026-12-02.json"))
+    write_html("report.html", render_html(analyses=[a], bench=b, title="llama on H200"))
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+CATEGORIES = (("launch_host", "launch/host", "#b04fc4"), ("memory", "memory", "#2a9fc0"),
+              ("compute", "compute", "#3d9a4b"), ("idle_sync", "idle/sync", "#9a9a9a"))
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+MEASURED_COLOR = "#444"
+DASH = "—"
+BENCH_COLUMNS = ("shape", "variant", "ms", "speedup_vs_eager", "kernels", "first_call_s", "peak_mb",
+                 "max_error", "rel_error", "matches_eager")
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1150px;
+color:#222;padding:0 16px}
+h1{font-size:22px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd}h3{font-size:15px}
+table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #ddd;padding:3px 8px}
+th{background:#f4f4f4;text-align:left}td.n{text-align:right;font-variant-numeric:tabular-nums}
+tr.total td{font-weight:600;background:#fafafa}.muted{color:#777}
+.sw{display:inline-block;width:11px;height:11px;margin:0 4px 0 12px;vertical-align:-1px}
+svg{display:block;margin:6px 0 14px}svg text{font:11px system-ui,sans-serif;fill:#333}
+"""
+
+
+# ---- small helpers ----------------------------------------------------------------------
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _num(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def _f(x: Any, fmt: str = ".3f", unit: str = "") -> str:
+    v = _num(x)
+    return DASH if v is None else f"{v:{fmt}}{unit}"
+
+
+def _bytes(x: Any) -> str:
+    v = _num(x)
+    if v is None:
+        return DASH
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(v) < 1000:
+            return f"{v:.0f} {unit}"
+        v /= 1000
+    return f"{v:.1f} TB"
+
+
+def _table(headers: Iterable[str], rows: Iterable[Iterable[tuple[str, bool]]],
+           total: int | None = None) -> str:
+    """Cells are (already-escaped html, numeric); row index `total` is styled as a total."""
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = []
+    for i, row in enumerate(rows):
+        cells = "".join(f'<td class="n">{c}</td>' if n else f"<td>{c}</td>" for c, n in row)
+        body.append(f'<tr class="total">{cells}</tr>' if i == total else f"<tr>{cells}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _svg(width: int, height: int, label: str, body: str) -> str:
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" aria-label="{_e(label)}">{body}</svg>')
+
+
+def _legend(items: Iterable[tuple[str, str]]) -> str:
+    return "<p>" + "".join(f'<span class="sw" style="background:{c}"></span>{_e(t)}'
+                           for t, c in items) + "</p>"
+
+
+def _scale(lo: float, hi: float, a: float, b: float, log: bool = False) -> Callable[[float], float]:
+    """[lo, hi] (decade exponents when `log`) onto pixels [a, b]."""
+    return lambda v: a + (b - a) * ((math.log10(v) if log else v) - lo) / (hi - lo)
+
+
+def _frame(box: tuple[int, int, int, int]) -> str:
+    x0, y0, x1, y1 = box
+    return f'<rect x="{x0}" y="{y0}" width="{x1 - x0}" height="{y1 - y0}" fill="none" stroke="#999"/>'
+
+
+def _bench_rows(bench: dict | None, shape: int) -> list[dict]:
+    return [r for r in (bench or {}).get("rows", []) if r.get("shape") == shape]
+
+
+# ---- (a) latency budget -----------------------------------------------------------------
+
+def _budget_bars(s: dict, bench: dict | None) -> list[tuple[str, list[tuple[str, str, float]]]]:
+    """Bars of one shape: the profiled budget (stacked), then the bench's measured totals."""
+    cats = s.get("budget", {}).get("categories", {})
+    bars = [("profiled budget", [(label, color, _num(cats.get(key)) or 0.0)
+                                 for key, label, color in CATEGORIES])]
+    for r in _bench_rows(bench, s["seq_len"]):
+        variant = str(r.get("variant", ""))
+        if (variant == "eager" or variant.startswith("advisor")) and _num(r.get("ms")) is not None:
+            name = "before fusion" if variant == "eager" else "after fusion"
+            bars.append((f"{variant} ({name}, measured)",
+                         [(f"{variant} measured total", MEASURED_COLOR, float(r["ms"]))]))
+    return bars
+
+
+def _budget_svg(a: dict, bench: dict | None) -> str:
+    """Stacked horizontal bars per shape, each shape on its own scale (labelled in ms)."""
+    lab, width, bar_w, row_h = 250, 980, 620, 22
+    parts, y = [], 8
+    for s in a.get("shapes", []):
+        parts.append(f'<text x="0" y="{y + 12}" font-weight="bold">{_e(s.get("seq_len"))} tokens · '
+                     f'{_e(s.get("verdict", ""))}</text>')
+        y += 20
+        bars = _budget_bars(s, bench)
+        scale = max(sum(ms for _, _, ms in segs) for _, segs in bars) or 1.0
+        for name, segs in bars:
+            parts.append(f'<text x="0" y="{y + 15}">{_e(name)}</text>')
+            x = float(lab)
+            for label, color, ms in segs:
+                w = bar_w * ms / scale
+                parts.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{row_h - 6}" '
+                             f'fill="{color}"><title>{_e(label)}: {ms:.3f} ms</title></rect>')
+                x += w
+            total = sum(ms for _, _, ms in segs)
+            parts.append(f'<text x="{x + 6:.1f}" y="{y + 15}">{total:.3f} ms</text>')
+            y += row_h
+        y += 10
+    return _svg(width, y, "latency budget per shape", "".join(parts))
+
+
+def _budget_section(a: dict, bench: dict | None) -> str:
+    note = ("<p class='muted'>The profiled budget splits one forward's wall time (analysis); the "
+            "grey bars are the bench's measured totals at the same length, under the bench's own "
+            "conditions (no split is implied). Each shape has its own scale.</p>")
+    legend = _legend([(label, color) for _, label, color in CATEGORIES] + [("measured total",
+                                                                             MEASURED_COLOR)])
+    return f"<h3>Latency budget</h3>{legend}{_budget_svg(a, bench)}{note if bench else ''}"
+
+
+# ---- (b) roofline -------------------------------------------------------------------------
+
+def _log_span(values: list[float]) -> tuple[float, float]:
+    lo, hi = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
+    return float(lo), float(hi if hi > lo else lo + 1)
+
+
+def _log_axes(xs: tuple[float, float], ys: tuple[float, float], box: tuple[int, int, int, int]) -> str:
+    """Decade grid lines and labels for log10 spans `xs`, `ys` inside box (x0, y0, x1, y1)."""
+    x0, y0, x1, y1 = box
+    px, py, out = _scale(*xs, x0, x1), _scale(*ys, y1, y0), [_frame(box)]
+    for d in range(int(xs[0]), int(xs[1]) + 1):
+        out.append(f'<line x1="{px(d):.1f}" y1="{y0}" x2="{px(d):.1f}" y2="{y1}" stroke="#eee"/>'
+                   f'<text x="{px(d):.1f}" y="{y1 + 14}" text-anchor="middle">1e{d}</text>')
+    for d in range(int(ys[0]), int(ys[1]) + 1):
+        out.append(f'<line x1="{x0}" y1="{py(d):.1f}" x2="{x1}" y2="{py(d):.1f}" stroke="#eee"/>'
+                   f'<text x="{x0 - 6}" y="{py(d) + 4:.1f}" text-anchor="end">1e{d}</text>')
+    return "".join(out)
+
+
+def _roofline_svg(a: dict, ops: list[tuple[int, dict]], bw: float, peak: float, uid: str) -> str:
+    box = (70, 12, 700, 372)
+    x0, y0, x1, y1 = box
+    ridge = peak * 1e3 / bw  # FLOP/byte where bandwidth * intensity meets the compute roof
+    xs = _log_span([o["intensity"] for _, o in ops] + [ridge])
+    ys = _log_span([o["achieved_tflops"] for _, o in ops] + [peak])
+    px, py = _scale(*xs, x0, x1, log=True), _scale(*ys, y1, y0, log=True)
+    roof = [(10 ** xs[0], bw * 10 ** xs[0] / 1e3), (ridge, peak), (10 ** xs[1], peak)]
+    pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in roof)
+    shapes = [s.get("seq_len") for s in a.get("shapes", [])]
+    dots = [f'<circle cx="{px(o["intensity"]):.1f}" cy="{py(o["achieved_tflops"]):.1f}" r="3" '
+            f'fill="{PALETTE[shapes.index(t) % len(PALETTE)]}" fill-opacity="0.65">'
+            f'<title>{_e(o.get("op"))} {_e(o.get("module") or "")} @ {_e(t)} tokens: '
+            f'{o["intensity"]:.3g} FLOP/B, {o["achieved_tflops"]:.3g} TFLOP/s, '
+            f'{_f(o.get("device_ms"))} ms</title></circle>' for t, o in ops]
+    body = (f'<clipPath id="{uid}"><rect x="{x0}" y="{y0}" width="{x1 - x0}" height="{y1 - y0}"/></clipPath>'
+            + _log_axes(xs, ys, box)
+            + f'<polyline points="{pts}" fill="none" stroke="#000" stroke-width="2" clip-path="url(#{uid})"/>'
+            + "".join(dots)
+            + f'<text x="{(x0 + x1) / 2}" y="{y1 + 32}" text-anchor="middle">arithmetic intensity '
+              f'(FLOP/byte)</text><text x="14" y="{(y0 + y1) / 2}" text-anchor="middle" '
+              f'transform="rotate(-90 14 {(y0 + y1) / 2})">achieved TFLOP/s</text>')
+    return _svg(720, 412, "roofline of ops", body)
+
+
+def _roofline_section(a: dict, uid: str) -> str:
+    c = a.get("ceilings", {})
+    bw = _num(c.get("copy_gbps"))
+    tf = c.get("matmul_tflops", {})
+    peak = _num(tf.get(a.get("dtype"), tf.get("float32")))
+    ops = [(s.get("seq_len"), o) for s in a.get("shapes", []) for o in s.get("budget", {}).get("ops", [])]
+    shown = [(t, o) for t, o in ops if (_num(o.get("intensity")) or 0) > 0
+             and (_num(o.get("achieved_tflops")) or 0) > 0]
+    if not bw or not peak or not shown:
+        return "<h3>Roofline</h3><p class='muted'>no ops with FLOPs, or no measured ceilings.</p>"
+    legend = _legend([(f"{s.get('seq_len')} tokens", PALETTE[i % len(PALETTE)])
+                      for i, s in enumerate(a.get("shapes", []))])
+    note = (f"<p class='muted'>Roofs: measured copy bandwidth and {_e(a.get('dtype'))} matmul rate "
+            f"({peak:.3g} TFLOP/s · {bw:.0f} GB/s · ridge {peak * 1e3 / bw:.3g} FLOP/byte). "
+            f"{len(ops) - len(shown)} of {len(ops)} ops without FLOPs (launch/host only) not shown.</p>")
+    return f"<h3>Roofline</h3>{legend}{_roofline_svg(a, shown, bw, peak, uid)}{note}"
+
+
+# ---- (c) candidates ---------------------------------------------------------------------
+
+def _applied_rows(bench: dict | None) -> list[dict]:
+    applied = (bench or {}).get("applied") or []
+    if isinstance(applied, dict):  # benchmarks/ results: variant -> summary
+        applied = applied.get("advisor") or next(iter(applied.values()), [])
+    return [r for r in applied if isinstance(r, dict)]
+
+
+def _bucket_of(bounds: list[int], length: int) -> int | None:
+    """Recipe.bucket_for on bare bounds: the smallest bound >= length, else the largest."""
+    fits = [b for b in sorted(bounds) if b >= length]
+    return fits[0] if fits else (max(bounds) if bounds else None)
+
+
+def _plan_families(bench: dict | None, recipe: dict | None, length: int) -> dict[str, str] | None:
+    """family -> what happened to it at this length (from the bench, else the recipe)."""
+    rows = [r for r in _applied_rows(bench) if r.get("family") != "(all)"]
+    if rows:
+        b = _bucket_of([r["bucket"] for r in rows if isinstance(r.get("bucket"), int)], length)
+        rows = [r for r in rows if r.get("bucket") in (b, None)]
+        return {str(r["family"]): f"applied at {r.get('applied', 0)} sites"
+                + (f", {len(r['unfused'])} unfused" if r.get("unfused") else "") for r in rows}
+    if not recipe:
+        return None
+    if recipe.get("kind") == "advisor.plan":
+        return {f: "in plan" for f in recipe.get("fusions", [])}
+    buckets = {b.get("max_len"): b for b in recipe.get("buckets", [])}
+    b = _bucket_of([m for m in buckets if isinstance(m, int)], length)
+    return None if b is None else {f: "in plan" for f in buckets[b].get("plan", {}).get("fusions", [])}
+
+
+def _measured_saving(bench: dict | None, recipe: dict | None, length: int) -> tuple[float, str] | None:
+    """(ms, source): eager − advisor from the bench at this length, else the recipe's
+    unfused − tuned for a bucket tuned at exactly this length."""
+    ms = {r.get("variant"): _num(r.get("ms")) for r in _bench_rows(bench, length)}
+    eager, fused = ms.get("eager"), ms.get("advisor")
+    if eager is not None and fused is not None:
+        return eager - fused, "bench: eager − advisor"
+    for b in (recipe or {}).get("buckets", []):
+        m = b.get("measured", {})
+        if b.get("max_len") == length and None not in (_num(m.get("unfused_ms")), _num(m.get("tuned_ms"))):
+            return m["unfused_ms"] - m["tuned_ms"], "recipe: unfused − tuned"
+    return None
+
+
+def _error_cells(measured: float | None, predicted: float) -> list[tuple[str, bool]]:
+    if measured is None:
+        return [(DASH, True), (DASH, True)]
+    rel = f" ({100 * (measured - predicted) / predicted:+.0f}%)" if predicted else ""
+    return [(f"{measured:.3f} ms", True), (f"{measured - predicted:+.3f} ms{_e(rel)}", True)]
+
+
+def _candidates_table(s: dict, bench: dict | None, recipe: dict | None) -> str:
+    length, cands = s["seq_len"], s.get("candidates", [])
+    plan = _plan_families(bench, recipe, length)
+    rows, in_plan = [], 0.0
+    for i, c in enumerate(cands, 1):
+        fam = str(c.get("family"))
+        status = ("analysis only" if not c.get("kernel") else
+                  DASH if plan is None else plan.get(fam, "not in plan"))
+        if plan is not None and fam in plan and c.get("applicable", True) and c.get("kernel"):
+            in_plan += _num(c.get("predicted_saving_ms")) or 0.0
+        rows.append([(str(i), True), (_e(fam), False), (_e(c.get("kernel") or DASH), False),
+                     (f'<span title="{_e(", ".join(map(str, c.get("sites", []))))}">'
+                      f'{_e(c.get("count", DASH))}</span>', True),
+                     (_e(c.get("launches_removed", DASH)), True), (_bytes(c.get("bytes_avoided")), True),
+                     (_f(c.get("predicted_saving_ms"), unit=" ms"), True), (_e(status), False),
+                     (DASH, True), (DASH, True)])
+    measured = _measured_saving(bench, recipe, length)
+    if measured is not None or plan is not None:
+        label = f"plan total ({measured[1]})" if measured else "plan total"
+        rows.append([("", False), (_e(label), False), ("", False), ("", True), ("", True), ("", True),
+                     (f"{in_plan:.3f} ms", True), ("", False),
+                     *_error_cells(measured[0] if measured else None, in_plan)])
+    heads = ("#", "family", "kernel", "sites", "launches removed", "bytes avoided", "predicted saving",
+             "plan", "measured saving", "error (measured − predicted)")
+    return (f"<h3>Fusion candidates at {_e(length)} tokens</h3>"
+            + _table(heads, rows, total=len(cands) if len(rows) > len(cands) else None))
+
+
+def _candidates_section(a: dict, bench: dict | None, recipe: dict | None) -> str:
+    note = ("<p class='muted'>Savings are measured per plan, not per family: a family's own measured "
+            "saving is not available (—); the plan row compares the sum of the predicted savings of "
+            "the families in the plan with the measured one.</p>")
+    return "".join(_candidates_table(s, bench, recipe) for s in a.get("shapes", [])) + note
+
+
+# ---- (d) tuning history -----------------------------------------------------------------
+
+def _ms_axis(values: list[float], box: tuple[int, int, int, int]) -> tuple[Callable[[float], float], str]:
+    """A y scale for ms and its labels: linear from 0, or log10 when the values span > 20x."""
+    x0, y0, _, y1 = box
+    lo, hi = min(values), max(values)
+    if lo > 0 and hi / lo > 20:
+        span = _log_span(values)
+        ticks = [10.0 ** d for d in range(int(span[0]), int(span[1]) + 1)]
+        py = _scale(*span, y1, y0, log=True)
+    else:
+        ticks = [0.0, hi * 1.15 / 2 or 0.5, hi * 1.15 or 1.0]
+        py = _scale(0.0, ticks[-1], y1, y0)
+    return py, "".join(f'<line x1="{x0}" x2="{box[2]}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>'
+                       f'<text x="{x0 - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{t:.3g} ms</text>'
+                       for t in ticks)
+
+
+def _history_svg(bucket: Any, trials: list[dict], baseline: float | None) -> str:
+    box = x0, y0, x1, y1 = 80, 14, 700, 214
+    done = sorted((t["number"], float(t["value"])) for t in trials
+                  if t.get("state") == "COMPLETE" and _num(t.get("value")) is not None)
+    nums = [t["number"] for t in trials]
+    lo, hi = min(nums), max(max(nums), min(nums) + 1)
+    py, yaxis = _ms_axis([v for _, v in done] + ([baseline] if baseline else []) or [1.0], box)
+    px = _scale(lo, hi, x0, x1)
+    parts = [yaxis, _frame(box), f'<text x="{x0}" y="{y1 + 14}">trial {lo}</text>',
+             f'<text x="{x1}" y="{y1 + 14}" text-anchor="end">trial {hi}</text>']
+    if baseline:
+        parts.append(f'<line x1="{x0}" x2="{x1}" y1="{py(baseline):.1f}" y2="{py(baseline):.1f}" '
+                     f'stroke="#777" stroke-dasharray="5 4"><title>unfused {baseline:.4g} ms</title></line>')
+    best = [min(v for _, v in done[:i + 1]) for i in range(len(done))]
+    steps = [(n, b) for (n, _), b in zip(done, best)] + ([(hi, best[-1])] if best else [])
+    if steps:
+        pts = " ".join(f"{px(n):.1f},{py(b):.1f}" for n, b in steps)
+        parts.append(f'<polyline points="{pts}" fill="none" stroke="{PALETTE[2]}"/>')
+    parts += [f'<circle cx="{px(n):.1f}" cy="{py(v):.1f}" r="3.5" fill="{PALETTE[0]}">'
+              f'<title>trial {n}: {v:.4g} ms</title></circle>' for n, v in done]
+    for t in trials:
+        if t.get("state") != "COMPLETE" or _num(t.get("value")) is None:
+            x, y = px(t["number"]), y0 + 8
+            parts.append(f'<path d="M{x - 4:.1f},{y - 4} l8,8 m0,-8 l-8,8" stroke="{PALETTE[1]}" '
+                         f'stroke-width="2"><title>trial {t["number"]}: {_e(t.get("state"))} '
+                         f'({_e(t.get("failure") or "no value")})</title></path>')
+    return _svg(720, y1 + 22, f"tuning history of bucket {bucket}", "".join(parts))
+
+
+def _history_section(history: list[dict], recipe: dict | None) -> str:
+    base = {b.get("max_len"): _num(b.get("measured", {}).get("unfused_ms"))
+            for b in (recipe or {}).get("buckets", [])}
+    by_bucket: dict[Any, list[dict]] = {}
+    for t in history:
+        if isinstance(t.get("number"), int):
+            by_bucket.setdefault(t.get("bucket", t.get("length")), []).append(t)
+    out = ["<h2>Tuning history</h2>", _legend([("trial (ms)", PALETTE[0]), ("best so far", PALETTE[2]),
+                                               ("failed trial", PALETTE[1]), ("unfused", "#777")])]
+    for bucket, trials in sorted(by_bucket.items(), key=lambda kv: str(kv[0])):
+        fails = sum(t.get("state") != "COMPLETE" for t in trials)
+        out.append(f"<h3>bucket ≤ {_e(bucket)} tokens: {len(trials)} trials, {fails} failed</h3>"
+                   + _history_svg(bucket, trials, base.get(bucket)))
+    return "".join(out)
+
+
+# ---- (e) bench table and the page -------------------------------------------------------
+
+def _cell(v: Any) -> tuple[str, bool]:
+    if v is None:
+        return DASH, False
+    if isinstance(v, float):
+        return (f"{v:.4g}" if math.isfinite(v) else DASH), True
+    if isinstance(v, (list, tuple, dict)):
+        return _e(str(v)[:200]), False
+    return _e(v), isinstance(v, int) and not isinstance(v, bool)
+
+
+def _bench_section(bench: dict) -> str:
+    rows = [r for r in bench.get("rows", []) if isinstance(r, dict)]
+    cols = [c for c in BENCH_COLUMNS if any(c in r for r in rows)]
+    cols += [c for c in dict.fromkeys(k for r in rows for k in r) if c not in cols]
+    cond = bench.get("conditions") or bench.get("meta") or {}
+    env = bench.get("environment", {})
+    head = " · ".join(_e(f"{k}: {v}") for k, v in list(cond.items()) + list(env.items()))
+    applied = [r for r in _applied_rows(bench) if r.get("family") != "(all)"]
+    fused = _table(("bucket", "family", "sites applied", "left unfused (reason)"),
+                   [[(_e("all" if r.get("bucket") == 2**31 - 1 else r.get("bucket")), True),
+                     (_e(r.get("family")), False), (_e(r.get("applied")), True),
+                     (_e("; ".join(r.get("unfused") or []) or DASH), False)] for r in applied])
+    return ("<h2>Bench</h2>" + f"<p class='muted'>{head}</p>"
+            + _table(cols, [[_cell(r.get(c)) for c in cols] for r in rows])
+            + ("<h3>Fusions applied (advisor)</h3>" + fused if applied else ""))
+
+
+def _analysis_header(a: dict) -> str:
+    c = a.get("ceilings", {})
+    tf = ", ".join(f"{_e(k)} {_f(v, '.1f')}" for k, v in sorted(c.get("matmul_tflops", {}).items()))
+    env = a.get("environment", {})
+    return (f"<h2>{_e(a.get('model', 'model'))} · {_e(c.get('device_name', a.get('device', '')))}</h2>"
+            f"<p>{_e(a.get('dtype'))}, batch {_e(a.get('batch'))}. Measured ceilings: copy "
+            f"{_f(c.get('copy_gbps'), '.0f')} GB/s; matmul TFLOP/s {tf}; launch "
+            f"{_f(c.get('launch_us'), '.2f')} µs.</p><p class='muted'>"
+            + " · ".join(_e(f"{k}: {v}") for k, v in env.items()) + "</p>")
+
+
+def render_html(*, analyses: list[dict], bench: dict | None = None, recipe: dict | None = None,
+                history: list[dict] | None = None, title: str) -> str:
+    """The whole report as one HTML string (see the module docstring for the inputs)."""
+    body = [f"<h1>{_e(title)}</h1>"]
+    for i, a in enumerate(analyses):
+        body += [_analysis_header(a), _budget_section(a, bench), _roofline_section(a, f"roof{i}"),
+                 _candidates_section(a, bench, recipe)]
+    if history:
+        body.append(_history_section(history, recipe))
+    if bench:
+        body.append(_bench_section(bench))
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
+
+
+def write_html(path: str | os.PathLike[str], html_text: str) -> Path:
+    """Write next to the destination, then os.replace: readers never see half a page."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(html_text)
+        os.chmod(tmp, 0o644)  # a page to be read by others (mkstemp creates it 0600)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
