@@ -165,6 +165,38 @@ def tune(
     render_tune_summary(result, out)
 
 
+@app.command()
+def report(
+    analysis: Annotated[list[Path], typer.Option("--analysis", help="analysis JSON (advisor analyze --json)")],
+    out: Annotated[Path, typer.Option("--out", help="HTML file to write")] = Path("advisor-report.html"),
+    bench_json: Annotated[Path | None, typer.Option("--bench", help="bench JSON (advisor bench --json)")] = None,
+    recipe: Annotated[Path | None, typer.Option(help="recipe JSON (advisor tune --out)")] = None,
+    journal: Annotated[str | None, typer.Option(help="tune study storage: journal path or RDB URL")] = None,
+    title: Annotated[str, typer.Option(help="page title")] = "advisor report",
+) -> None:
+    """A self-contained HTML report from the JSON that analyze / bench / tune wrote."""
+    import json
+
+    from advisor.errors import AdvisorError
+    from advisor.report.history import load_history
+    from advisor.report.html import render_html, write_html
+    from advisor.runtime.recipe import load_recipe
+
+    def read(path: Path) -> dict:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise AdvisorError(f"{path}: cannot read JSON: {exc}") from None
+
+    rec = load_recipe(recipe).to_json() if recipe else None
+    page = render_html(analyses=[read(p) for p in analysis],
+                       bench=read(bench_json) if bench_json else None, recipe=rec,
+                       history=load_history(journal) if journal else None, title=title)
+    write_html(out, page)
+    out_console = Console()
+    out_console.print(f"wrote {out}")
+
+
 def main() -> None:
     """Console entry point: AdvisorError -> one line on stderr, exit code 2."""
     try:

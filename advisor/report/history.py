@@ -1,0 +1,35 @@
+"""Tuning history out of an Optuna storage, as plain rows for the HTML report.
+
+Reads every study in the storage whose name ends in `-len<L>` (how `advisor tune` names
+a bucket's study) and returns one dict per finished trial:
+{"bucket": L, "number", "state", "value", "failure"}.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+_BUCKET = re.compile(r"-len(\d+)$")
+
+
+def load_history(storage: str) -> list[dict[str, Any]]:
+    """`storage`: an Optuna RDB URL or a tune journal file path."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from advisor.search.study import TuneOptions, open_storage
+
+    store, _ = open_storage(TuneOptions(model="", shapes=(1,), out=Path(storage), dtype=None,
+                                        storage=storage))
+    rows = []
+    for summary in optuna.get_all_study_summaries(store):
+        match = _BUCKET.search(summary.study_name)
+        if match is None:
+            continue
+        study = optuna.load_study(study_name=summary.study_name, storage=store)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+            rows.append({"bucket": int(match.group(1)), "number": t.number, "state": t.state.name,
+                         "value": t.value, "failure": t.user_attrs.get("failure")})
+    return sorted(rows, key=lambda r: (r["bucket"], r["number"]))
