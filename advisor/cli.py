@@ -17,8 +17,8 @@ from advisor.errors import AdvisorError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Profiler-driven kernel-fusion advisor and auto-tuner for PyTorch inference.")
-out = Console()
-err = Console(stderr=True)
+stdout = Console()
+stderr = Console(stderr=True)
 
 ModelArg = Annotated[Path, typer.Argument(help="model file defining build_model and make_inputs")]
 ShapesOpt = Annotated[str, typer.Option("--shapes", help="sequence lengths, e.g. 128,512,2048")]
@@ -67,10 +67,10 @@ def analyze(
     if trace is not None:
         trace.mkdir(parents=True, exist_ok=True)
     result = run(mf, lengths, batch, dev, dt, ceilings, iters=iters, trace_dir=trace, phase=phase)
-    render_analysis(result, out, top=top)
+    render_analysis(result, stdout, top=top)
     if json_path is not None:
         write_json_atomic(json_path, to_json(result))
-        out.print(f"[dim]wrote {json_path}[/dim]")
+        stdout.print(f"[dim]wrote {json_path}[/dim]")
 
 
 @app.command("device")
@@ -83,7 +83,7 @@ def device_cmd(
     from advisor.report.console import render_ceilings
 
     dev, _ = _device_dtype(device, None)
-    render_ceilings(load_or_measure(dev, refresh=refresh), out)
+    render_ceilings(load_or_measure(dev, refresh=refresh), stdout)
 
 
 @app.command()
@@ -112,11 +112,11 @@ def bench(
     dev, dt = _device_dtype(device, dtype)
     modes = tuple(m for m in compile_modes.split(",") if m and m != "none")
     result = run_bench(mf, rec, lengths, batch, dev, dt, modes, phase=phase)
-    render_rows("latency per forward (median)", result.rows, out)
-    render_rows("fusions applied", result.applied, out)
+    render_rows("latency per forward (median)", result.rows, stdout)
+    render_rows("fusions applied", result.applied, stdout)
     if json_path is not None:
         write_json_atomic(json_path, to_json(result))
-        out.print(f"[dim]wrote {json_path}[/dim]")
+        stdout.print(f"[dim]wrote {json_path}[/dim]")
 
 
 TrialsOpt = Annotated[int | None, typer.Option(
@@ -160,16 +160,18 @@ def tune(
         trials=trials if trials is not None or time_budget is not None else 20,
         time_budget_s=time_budget, storage=storage, study=study, workers=workers, seed=seed,
         trial_timeout_s=trial_timeout, warmup_ms=min(100.0, rep_ms / 5), rep_ms=rep_ms)
-    with TuneProgress(out) as progress:
+    with TuneProgress(stdout) as progress:
         result = run(options, progress)
-    render_tune_summary(result, out)
+    render_tune_summary(result, stdout)
 
 
 @app.command()
 def report(
-    analysis: Annotated[list[Path], typer.Option("--analysis", help="analysis JSON (advisor analyze --json)")],
+    analysis: Annotated[list[Path], typer.Option(
+        "--analysis", help="analysis JSON (advisor analyze --json)")],
     out: Annotated[Path, typer.Option("--out", help="HTML file to write")] = Path("advisor-report.html"),
-    bench_json: Annotated[Path | None, typer.Option("--bench", help="bench JSON (advisor bench --json)")] = None,
+    bench_json: Annotated[Path | None, typer.Option(
+        "--bench", help="bench JSON (advisor bench --json)")] = None,
     recipe: Annotated[Path | None, typer.Option(help="recipe JSON (advisor tune --out)")] = None,
     journal: Annotated[str | None, typer.Option(help="tune study storage: journal path or RDB URL")] = None,
     title: Annotated[str, typer.Option(help="page title")] = "advisor report",
@@ -193,8 +195,7 @@ def report(
                        bench=read(bench_json) if bench_json else None, recipe=rec,
                        history=load_history(journal) if journal else None, title=title)
     write_html(out, page)
-    out_console = Console()
-    out_console.print(f"wrote {out}")
+    stdout.print(f"wrote {out}")
 
 
 def main() -> None:
@@ -202,10 +203,10 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except AdvisorError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        stderr.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        err.print("aborted")
+        stderr.print("aborted")
         sys.exit(130)
     except Exception as exc:  # click usage errors and the like
         import click
