@@ -48,9 +48,26 @@ def _measure(name: str, fn: Any, device: torch.device, first_s: float, seq_len: 
             "first_call_s": round(first_s, 3)}
 
 
+def fp32_truth(mf: ModelFile, model: torch.nn.Module, shapes: tuple[int, ...], batch: int,
+               device: torch.device, phase: str) -> dict[int, torch.Tensor]:
+    """Outputs of the same model in float32 (weights upcast, same inputs): the yardstick
+    that says whether eager or the fused model is nearer the exact result when they differ
+    in bf16/fp16."""
+    import copy
+
+    ref32 = copy.deepcopy(model).float()
+    out = {}
+    with torch.no_grad():
+        for t in shapes:
+            out[t] = first_tensor(call(ref32, inputs_for(mf, t, batch, device, phase=phase,
+                                                         dtype=torch.float32))).float()
+    del ref32
+    return out
+
+
 def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int,
               device: torch.device, dtype: torch.dtype, compile_modes: tuple[str, ...],
-              phase: str = "prefill") -> BenchResult:
+              phase: str = "prefill", truth: bool = True) -> BenchResult:
     """shapes are prompt lengths (prefill) or KV-cache context lengths (decode). Each
     shape's inputs are snapshot once; state they hold (a KV cache) is restored before
     every correctness check, so fused and eager see the same cache."""
@@ -65,6 +82,7 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
     refs = {t: first_tensor(checked_forward(mf, model, inputs[t])) for t in shapes}
     for s in states.values():
         s.restore()
+    exact = fp32_truth(mf, model, shapes, batch, device, phase) if truth and dtype != torch.float32 else {}
     rows: list[dict[str, Any]] = []
     # Decode calls are routed by context length, which the bench knows (reading it from
     # cache_position would cost a device sync per step).
@@ -74,6 +92,8 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
         for t in shapes:
             rows.append(_measure("eager", lambda t=t: call(model, inputs[t]), device, 0.0, t))
             states[t].restore()
+            if t in exact:
+                rows[-1]["rel_error_vs_fp32"] = rel_error(refs[t].float(), exact[t])
         fast = apply(model, recipe, length_of=length_of)
         for t in shapes:
             context["len"] = t
@@ -85,6 +105,8 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
             row["max_error"] = max_abs_error(got, refs[t])
             row["rel_error"] = rel_error(got, refs[t])
             row["matches_eager"] = max_violation(got, refs[t], tolerance(dtype, model=True)) <= 0
+            if t in exact:
+                row["rel_error_vs_fp32"] = rel_error(got.float(), exact[t])
             rows.append(row)
         result.applied = fast.summary()
         for mode in compile_modes:

@@ -98,6 +98,8 @@ def bench(
         "--compile", help="torch.compile modes to compare: default,reduce-overhead or none")] = "default",
     json_path: Annotated[Path | None, typer.Option("--json", help="write the results JSON here")] = None,
     phase: PhaseOpt = "prefill",
+    truth: Annotated[bool, typer.Option(
+        help="also compare eager and fused outputs with a float32 copy of the model")] = True,
 ) -> None:
     """Eager vs torch.compile vs the recipe, measured in one run, checked against eager."""
     from advisor.bench import run_bench, to_json
@@ -111,7 +113,7 @@ def bench(
     rec = load_recipe(recipe) if recipe else Recipe.from_plan(ALL_FUSIONS)
     dev, dt = _device_dtype(device, dtype)
     modes = tuple(m for m in compile_modes.split(",") if m and m != "none")
-    result = run_bench(mf, rec, lengths, batch, dev, dt, modes, phase=phase)
+    result = run_bench(mf, rec, lengths, batch, dev, dt, modes, phase=phase, truth=truth)
     render_rows("latency per forward (median)", result.rows, stdout)
     render_rows("fusions applied", result.applied, stdout)
     if json_path is not None:

@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.analyze import Analysis, analyze_shape, to_json  # noqa: E402
+from advisor.bench import fp32_truth  # noqa: E402
 from advisor.env import environment  # noqa: E402
 from advisor.kernels.testing import max_abs_error, rel_error  # noqa: E402
 from advisor.loader import build, call, first_tensor, inputs_for, load_model_file  # noqa: E402
@@ -63,6 +64,8 @@ def stage_apply(mf, model, dev, out: dict, lengths=(1, 128, 512, 2048),
     inputs = {t: inputs_for(mf, t, 1, dev) for t in lengths}
     with torch.no_grad():
         refs = {t: first_tensor(call(model, inputs[t])) for t in lengths}
+    exact = fp32_truth(mf, model, lengths, 1, dev, "prefill")  # is eager or fused nearer fp32?
+    out["eager_rel_error_vs_fp32"] = {t: rel_error(refs[t].float(), exact[t]) for t in lengths}
     rows = out.setdefault("rows", [])
 
     def measure(name, fn, t, first_s):
@@ -82,7 +85,8 @@ def stage_apply(mf, model, dev, out: dict, lengths=(1, 128, 512, 2048),
                 o, first = timed_call(lambda t=t, f=fast: call(f, inputs[t]), dev)
                 row = measure(name, lambda t=t, f=fast: call(f, inputs[t]), t, round(first, 2))
                 got = first_tensor(o)
-                row.update(max_error=max_abs_error(got, refs[t]), rel_error=rel_error(got, refs[t]))
+                row.update(max_error=max_abs_error(got, refs[t]), rel_error=rel_error(got, refs[t]),
+                           rel_error_vs_fp32=rel_error(got.float(), exact[t]))
                 log(f"   errors vs eager: max {row['max_error']:.3g} rel {row['rel_error']:.3g}")
             out.setdefault("applied", {})[name] = fast.summary()
             write("apply.json", out)
