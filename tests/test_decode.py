@@ -67,3 +67,21 @@ def test_greedy_tokens_identical_over_32_steps_fp32():
     got = _greedy_tiny(fast, prompt, 32, 64)
     assert torch.equal(got, want)
     assert [r["compiles"] for r in fast.summary() if r["family"] == "(all)"] == [2]  # prompt + T=1 step
+
+
+def test_tune_decode_phase_writes_a_decode_recipe(tmp_path):
+    import subprocess
+    import sys
+
+    from advisor.runtime.recipe import load_recipe
+
+    out = tmp_path / "decode.json"
+    proc = subprocess.run([sys.executable, "-m", "advisor.cli", "tune", "examples/tiny_llama.py",
+                           "--phase", "decode", "--shapes", "24", "--trials", "2", "--device", "cpu",
+                           "--rep-ms", "20", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "TRITON_INTERPRET": "0"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    recipe = load_recipe(out)
+    assert recipe.model["phase"] == "decode" and recipe.buckets[0].max_len == 24
+    assert recipe.buckets[0].measured["trials"] == 2

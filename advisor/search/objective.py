@@ -125,6 +125,7 @@ class Context:
     dtype: torch.dtype
     batch: int
     faults: dict[str, str]
+    phase: str = "prefill"
 
 
 def parse_faults(text: str) -> dict[str, str]:
@@ -133,11 +134,13 @@ def parse_faults(text: str) -> dict[str, str]:
     return {fam.strip(): kind.strip() for fam, kind in pairs}
 
 
-def load_context(path: str, device: str, dtype: torch.dtype, batch: int) -> Context:
+def load_context(path: str, device: str, dtype: torch.dtype, batch: int,
+                 phase: str = "prefill") -> Context:
     mf = load_model_file(path)
     dev = torch.device(device)
     model = build(mf, dev, dtype)
-    return Context(mf, model, dev, dtype, batch, parse_faults(os.environ.get("ADVISOR_FAULT", "")))
+    return Context(mf, model, dev, dtype, batch, parse_faults(os.environ.get("ADVISOR_FAULT", "")),
+                   phase)
 
 
 def fingerprint(model: torch.nn.Module) -> str:
@@ -157,11 +160,13 @@ def verify_length(lower: int, length: int, number: int, seed: int) -> int:
 
 def _inputs(ctx: Context, length: int, seed: int) -> Any:
     torch.manual_seed(seed)  # model files that draw from the global generator get fresh values
-    return inputs_for(ctx.mf, length, ctx.batch, ctx.device)
+    # Fresh inputs every time (for decode: a fresh KV cache), so a step's in-place cache
+    # writes never leak into another check (item 13).
+    return inputs_for(ctx.mf, length, ctx.batch, ctx.device, phase=ctx.phase, dtype=ctx.dtype)
 
 
 def _forward(model: Any, inputs: Any) -> torch.Tensor:
-    with torch.inference_mode():
+    with torch.no_grad():  # not inference_mode: state (a KV cache) must stay usable by traces
         return first_tensor(call(model, inputs))
 
 
@@ -237,7 +242,7 @@ def run_trial(ctx: Context, req: dict[str, Any], stage: Stage) -> dict[str, Any]
     err = max(err, _verify(hook(_forward(fast, _inputs(ctx, length, seed))), ref, ctx.dtype))
     stage("verified")
     main = _inputs(ctx, req["length"], req["seed"])
-    with torch.inference_mode():
+    with torch.no_grad():
         ms = median_ms(lambda: call(fast, main), ctx.device, warmup_ms=req["warmup_ms"],
                        rep_ms=req["rep_ms"])
     return {"ok": True, "ms": ms, "max_error": err, "applied": sum(applied.values()),
@@ -265,7 +270,7 @@ def measure(ctx: Context, req: dict[str, Any], stage: Stage) -> dict[str, Any]:
     for _ in range(req["rounds"]):
         for i, fast in enumerate(models):
             if fast is not None:
-                with torch.inference_mode():
+                with torch.no_grad():
                     times[i].append(median_ms(lambda f=fast: call(f, main), ctx.device,
                                               warmup_ms=req["warmup_ms"], rep_ms=req["rep_ms"]))
     return {"ok": True, "ms": [sorted(t)[len(t) // 2] if t else None for t in times]}
@@ -285,7 +290,7 @@ def describe(ctx: Context, req: dict[str, Any], stage: Stage) -> dict[str, Any]:
     space = describe_bucket(ctx.model, inputs, costs, req["length"], req["lower"],
                             ctx.device.type == "cuda")
     release(ctx.device)
-    with torch.inference_mode():
+    with torch.no_grad():
         ms = median_ms(lambda: call(ctx.model, inputs), ctx.device, warmup_ms=req["warmup_ms"],
                        rep_ms=req["rep_ms"])
     return {"ok": True, "space": space.to_json(), "unfused_ms": ms}

@@ -68,6 +68,7 @@ class TuneOptions:
     warmup_ms: float = 100.0
     rep_ms: float = 500.0
     retime_top: int = 3
+    phase: str = "prefill"              # "decode": shapes are KV-cache context lengths
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,10 @@ def _top(trials: list[FrozenTrial], k: int) -> list[Timed]:
 def retime(top: list[Timed], pool: WorkerPool, space: BucketSpace, options: TuneOptions,
            unfused_ms: float) -> list[Timed]:
     """The unfused model and the top plans timed again together, in one worker; where that
-    fails, the trial values stand."""
+    fails, the trial values stand. The unfused plan is timed once, as the baseline (a
+    trial that tried "nothing fused" is that same plan: timing it twice would let noise
+    report a speed-up for no change)."""
+    top = [c for c in top if c.plan != UNFUSED]
     plans = [UNFUSED] + [c.plan for c in top]
     req = {"op": "measure", "plans": [p.to_json() for p in plans], "length": space.length,
            "seed": options.seed, "rounds": 3, "warmup_ms": options.warmup_ms,
@@ -325,8 +329,9 @@ def study_name(options: TuneOptions, fingerprint: str) -> str:
     if options.study:
         return options.study
     dtype = str(options.dtype).replace("torch.", "")
+    phase = "" if options.phase == "prefill" else f"-{options.phase}"
     return (f"{Path(options.model).stem}-{fingerprint[:8]}-{dtype}-b{options.batch}"
-            f"-{options.device.split(':')[0]}")
+            f"-{options.device.split(':')[0]}{phase}")
 
 
 def to_recipe(results: list[BucketResult], info: dict[str, Any], options: TuneOptions) -> Recipe:
@@ -336,7 +341,7 @@ def to_recipe(results: list[BucketResult], info: dict[str, Any], options: TuneOp
         for r in results)
     model = {"fingerprint": info["fingerprint"], "source": str(options.model),
              "dtype": str(options.dtype).replace("torch.", ""), "batch": options.batch,
-             "phase": "prefill"}
+             "phase": options.phase}
     return Recipe(buckets=buckets, model=model, environment=info["environment"])
 
 
@@ -350,7 +355,7 @@ def tune(options: TuneOptions, listener: Listener | None = None) -> TuneResult:
     listener = listener or NoListener()
     deadline = time.monotonic() + options.time_budget_s if options.time_budget_s else None
     pool = WorkerPool(WorkerSpec(str(options.model), options.device, options.dtype,
-                                 options.batch), max(1, options.workers))
+                                 options.batch, phase=options.phase), max(1, options.workers))
     level = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(logging.ERROR)  # failed trials are reported by the progress
     try:

@@ -40,6 +40,7 @@ class WorkerSpec:
     dtype: Any                 # torch.dtype (picklable)
     batch: int
     startup_timeout_s: float = 600.0
+    phase: str = "prefill"     # "decode": lengths are KV-cache context lengths
 
 
 def _device_for(device: str, index: int) -> str:
@@ -81,7 +82,8 @@ def serve(conn: Any, spec: WorkerSpec, index: int, parent_pid: int) -> None:
     from advisor.search.objective import FATAL, HANDLERS, classify, fingerprint, load_context, one_line
 
     try:
-        ctx = load_context(spec.path, _device_for(spec.device, index), spec.dtype, spec.batch)
+        ctx = load_context(spec.path, _device_for(spec.device, index), spec.dtype, spec.batch,
+                           spec.phase)
         ready = {"kind": "ready", "fingerprint": fingerprint(ctx.model), "device": str(ctx.device),
                  "environment": environment(ctx.device)}
     except Exception as exc:
