@@ -23,9 +23,11 @@ import html
 import math
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from advisor.report.svg import frame, legend, log_axes, log_span, ms_axis, scale, svg
 
 CATEGORIES = (("launch_host", "launch/host", "#b04fc4"), ("memory", "memory", "#2a9fc0"),
               ("compute", "compute", "#3d9a4b"), ("idle_sync", "idle/sync", "#9a9a9a"))
@@ -85,26 +87,6 @@ def _table(headers: Iterable[str], rows: Iterable[Iterable[tuple[str, bool]]],
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def _svg(width: int, height: int, label: str, body: str) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img" aria-label="{_e(label)}">{body}</svg>')
-
-
-def _legend(items: Iterable[tuple[str, str]]) -> str:
-    return "<p>" + "".join(f'<span class="sw" style="background:{c}"></span>{_e(t)}'
-                           for t, c in items) + "</p>"
-
-
-def _scale(lo: float, hi: float, a: float, b: float, log: bool = False) -> Callable[[float], float]:
-    """[lo, hi] (decade exponents when `log`) onto pixels [a, b]."""
-    return lambda v: a + (b - a) * ((math.log10(v) if log else v) - lo) / (hi - lo)
-
-
-def _frame(box: tuple[int, int, int, int]) -> str:
-    x0, y0, x1, y1 = box
-    return f'<rect x="{x0}" y="{y0}" width="{x1 - x0}" height="{y1 - y0}" fill="none" stroke="#999"/>'
-
-
 def _bench_rows(bench: dict | None, shape: int) -> list[dict]:
     return [r for r in (bench or {}).get("rows", []) if r.get("shape") == shape]
 
@@ -147,45 +129,28 @@ def _budget_svg(a: dict, bench: dict | None) -> str:
             parts.append(f'<text x="{x + 6:.1f}" y="{y + 15}">{total:.3f} ms</text>')
             y += row_h
         y += 10
-    return _svg(width, y, "latency budget per shape", "".join(parts))
+    return svg(width, y, "latency budget per shape", "".join(parts))
 
 
 def _budget_section(a: dict, bench: dict | None) -> str:
     note = ("<p class='muted'>The profiled budget splits one forward's wall time (analysis); the "
             "grey bars are the bench's measured totals at the same length, under the bench's own "
             "conditions (no split is implied). Each shape has its own scale.</p>")
-    legend = _legend([(label, color) for _, label, color in CATEGORIES] + [("measured total",
-                                                                             MEASURED_COLOR)])
-    return f"<h3>Latency budget</h3>{legend}{_budget_svg(a, bench)}{note if bench else ''}"
+    key = legend([(label, color) for _, label, color in CATEGORIES] + [("measured total",
+                                                                          MEASURED_COLOR)])
+    return f"<h3>Latency budget</h3>{key}{_budget_svg(a, bench)}{note if bench else ''}"
 
 
 # ---- (b) roofline -------------------------------------------------------------------------
-
-def _log_span(values: list[float]) -> tuple[float, float]:
-    lo, hi = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
-    return float(lo), float(hi if hi > lo else lo + 1)
-
-
-def _log_axes(xs: tuple[float, float], ys: tuple[float, float], box: tuple[int, int, int, int]) -> str:
-    """Decade grid lines and labels for log10 spans `xs`, `ys` inside box (x0, y0, x1, y1)."""
-    x0, y0, x1, y1 = box
-    px, py, out = _scale(*xs, x0, x1), _scale(*ys, y1, y0), [_frame(box)]
-    for d in range(int(xs[0]), int(xs[1]) + 1):
-        out.append(f'<line x1="{px(d):.1f}" y1="{y0}" x2="{px(d):.1f}" y2="{y1}" stroke="#eee"/>'
-                   f'<text x="{px(d):.1f}" y="{y1 + 14}" text-anchor="middle">1e{d}</text>')
-    for d in range(int(ys[0]), int(ys[1]) + 1):
-        out.append(f'<line x1="{x0}" y1="{py(d):.1f}" x2="{x1}" y2="{py(d):.1f}" stroke="#eee"/>'
-                   f'<text x="{x0 - 6}" y="{py(d) + 4:.1f}" text-anchor="end">1e{d}</text>')
-    return "".join(out)
 
 
 def _roofline_svg(a: dict, ops: list[tuple[int, dict]], bw: float, peak: float, uid: str) -> str:
     box = (70, 12, 700, 372)
     x0, y0, x1, y1 = box
     ridge = peak * 1e3 / bw  # FLOP/byte where bandwidth * intensity meets the compute roof
-    xs = _log_span([o["intensity"] for _, o in ops] + [ridge])
-    ys = _log_span([o["achieved_tflops"] for _, o in ops] + [peak])
-    px, py = _scale(*xs, x0, x1, log=True), _scale(*ys, y1, y0, log=True)
+    xs = log_span([o["intensity"] for _, o in ops] + [ridge])
+    ys = log_span([o["achieved_tflops"] for _, o in ops] + [peak])
+    px, py = scale(*xs, x0, x1, log=True), scale(*ys, y1, y0, log=True)
     roof = [(10 ** xs[0], bw * 10 ** xs[0] / 1e3), (ridge, peak), (10 ** xs[1], peak)]
     pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in roof)
     shapes = [s.get("seq_len") for s in a.get("shapes", [])]
@@ -195,13 +160,13 @@ def _roofline_svg(a: dict, ops: list[tuple[int, dict]], bw: float, peak: float, 
             f'{o["intensity"]:.3g} FLOP/B, {o["achieved_tflops"]:.3g} TFLOP/s, '
             f'{_f(o.get("device_ms"))} ms</title></circle>' for t, o in ops]
     body = (f'<clipPath id="{uid}"><rect x="{x0}" y="{y0}" width="{x1 - x0}" height="{y1 - y0}"/></clipPath>'
-            + _log_axes(xs, ys, box)
+            + log_axes(xs, ys, box)
             + f'<polyline points="{pts}" fill="none" stroke="#000" stroke-width="2" clip-path="url(#{uid})"/>'
             + "".join(dots)
             + f'<text x="{(x0 + x1) / 2}" y="{y1 + 32}" text-anchor="middle">arithmetic intensity '
               f'(FLOP/byte)</text><text x="14" y="{(y0 + y1) / 2}" text-anchor="middle" '
               f'transform="rotate(-90 14 {(y0 + y1) / 2})">achieved TFLOP/s</text>')
-    return _svg(720, 412, "roofline of ops", body)
+    return svg(720, 412, "roofline of ops", body)
 
 
 def _roofline_section(a: dict, uid: str) -> str:
@@ -214,12 +179,12 @@ def _roofline_section(a: dict, uid: str) -> str:
              and (_num(o.get("achieved_tflops")) or 0) > 0]
     if not bw or not peak or not shown:
         return "<h3>Roofline</h3><p class='muted'>no ops with FLOPs, or no measured ceilings.</p>"
-    legend = _legend([(f"{s.get('seq_len')} tokens", PALETTE[i % len(PALETTE)])
-                      for i, s in enumerate(a.get("shapes", []))])
+    key = legend([(f"{s.get('seq_len')} tokens", PALETTE[i % len(PALETTE)])
+                   for i, s in enumerate(a.get("shapes", []))])
     note = (f"<p class='muted'>Roofs: measured copy bandwidth and {_e(a.get('dtype'))} matmul rate "
             f"({peak:.3g} TFLOP/s · {bw:.0f} GB/s · ridge {peak * 1e3 / bw:.3g} FLOP/byte). "
             f"{len(ops) - len(shown)} of {len(ops)} ops without FLOPs (launch/host only) not shown.</p>")
-    return f"<h3>Roofline</h3>{legend}{_roofline_svg(a, shown, bw, peak, uid)}{note}"
+    return f"<h3>Roofline</h3>{key}{_roofline_svg(a, shown, bw, peak, uid)}{note}"
 
 
 # ---- (c) candidates ---------------------------------------------------------------------
@@ -312,21 +277,6 @@ def _candidates_section(a: dict, bench: dict | None, recipe: dict | None) -> str
 
 # ---- (d) tuning history -----------------------------------------------------------------
 
-def _ms_axis(values: list[float], box: tuple[int, int, int, int]) -> tuple[Callable[[float], float], str]:
-    """A y scale for ms and its labels: linear from 0, or log10 when the values span > 20x."""
-    x0, y0, _, y1 = box
-    lo, hi = min(values), max(values)
-    if lo > 0 and hi / lo > 20:
-        span = _log_span(values)
-        ticks = [10.0 ** d for d in range(int(span[0]), int(span[1]) + 1)]
-        py = _scale(*span, y1, y0, log=True)
-    else:
-        ticks = [0.0, hi * 1.15 / 2 or 0.5, hi * 1.15 or 1.0]
-        py = _scale(0.0, ticks[-1], y1, y0)
-    return py, "".join(f'<line x1="{x0}" x2="{box[2]}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>'
-                       f'<text x="{x0 - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{t:.3g} ms</text>'
-                       for t in ticks)
-
 
 def _history_svg(bucket: Any, trials: list[dict], baseline: float | None) -> str:
     box = x0, y0, x1, y1 = 80, 14, 700, 214
@@ -334,9 +284,9 @@ def _history_svg(bucket: Any, trials: list[dict], baseline: float | None) -> str
                   if t.get("state") == "COMPLETE" and _num(t.get("value")) is not None)
     nums = [t["number"] for t in trials]
     lo, hi = min(nums), max(max(nums), min(nums) + 1)
-    py, yaxis = _ms_axis([v for _, v in done] + ([baseline] if baseline else []) or [1.0], box)
-    px = _scale(lo, hi, x0, x1)
-    parts = [yaxis, _frame(box), f'<text x="{x0}" y="{y1 + 14}">trial {lo}</text>',
+    py, yaxis = ms_axis([v for _, v in done] + ([baseline] if baseline else []) or [1.0], box)
+    px = scale(lo, hi, x0, x1)
+    parts = [yaxis, frame(box), f'<text x="{x0}" y="{y1 + 14}">trial {lo}</text>',
              f'<text x="{x1}" y="{y1 + 14}" text-anchor="end">trial {hi}</text>']
     if baseline:
         parts.append(f'<line x1="{x0}" x2="{x1}" y1="{py(baseline):.1f}" y2="{py(baseline):.1f}" '
@@ -354,7 +304,7 @@ def _history_svg(bucket: Any, trials: list[dict], baseline: float | None) -> str
             parts.append(f'<path d="M{x - 4:.1f},{y - 4} l8,8 m0,-8 l-8,8" stroke="{PALETTE[1]}" '
                          f'stroke-width="2"><title>trial {t["number"]}: {_e(t.get("state"))} '
                          f'({_e(t.get("failure") or "no value")})</title></path>')
-    return _svg(720, y1 + 22, f"tuning history of bucket {bucket}", "".join(parts))
+    return svg(720, y1 + 22, f"tuning history of bucket {bucket}", "".join(parts))
 
 
 def _history_section(history: list[dict], recipe: dict | None) -> str:
@@ -364,7 +314,7 @@ def _history_section(history: list[dict], recipe: dict | None) -> str:
     for t in history:
         if isinstance(t.get("number"), int):
             by_bucket.setdefault(t.get("bucket", t.get("length")), []).append(t)
-    out = ["<h2>Tuning history</h2>", _legend([("trial (ms)", PALETTE[0]), ("best so far", PALETTE[2]),
+    out = ["<h2>Tuning history</h2>", legend([("trial (ms)", PALETTE[0]), ("best so far", PALETTE[2]),
                                                ("failed trial", PALETTE[1]), ("unfused", "#777")])]
     for bucket, trials in sorted(by_bucket.items(), key=lambda kv: str(kv[0])):
         fails = sum(t.get("state") != "COMPLETE" for t in trials)
