@@ -1,0 +1,582 @@
+"""GEMM with fused prologue/epilogue: `y = x·Wᵀ` plus what eager runs as separate kernels.
+
+One tiled Triton matmul (tutorial 03: BLOCK_M/N/K tiles, GROUP_M swizzle, fp32 accumulate)
+serves three ops through constexpr flags. x is (M, K) (or (..., K), flattened), W is (N, K)
+as in nn.Linear; bytes for element size e, bf16 figures at Llama-3-8B sizes:
+
+  gemm_epilogue  act(x·Wᵀ + b) (+ residual). Eager: addmm, act (2·M·N·e), add (3·M·N·e);
+                 fusing saves 2·M·N·e per act and per residual, up to 3 -> 1 launches
+                 (o_proj + residual: 16 KB/token, 2 -> 1).
+  gemm_swiglu    act(x·W_gᵀ)·(x·W_uᵀ) from the merged [gate; up] (2N, K) weight: two
+                 accumulators over one x tile; the (M, 2N) intermediate is never written.
+                 Eager HF MLP (gate GEMM, up GEMM, act, mul) moves 2MK + 2NK + 7MN elements,
+                 fused MK + 2NK + MN: saves (M·K + 6·M·N)·e = 176 KB/token, 4 -> 1 launches.
+  gemm_rmsnorm   rmsnorm(x)·Wᵀ = (x·diag(g)·Wᵀ)·r with g = norm_w + offset and
+                 r = rsqrt(mean(x²)+eps): a pre-pass writes r (M fp32), the GEMM scales x
+                 tiles by g along K and output rows by r; x̂ is never written. vs advisor
+                 rms_norm + GEMM: saves 2·M·K·e (x̂ write + read) - M·K·e (pre-pass read)
+                 = M·K·e; vs eager RMSNorm (36 B/elt, norm.py) + GEMM: 38 -> 4 B per x
+                 element; 9 -> 2 launches.
+
+Rounding: fp32 until ONE cast to x.dtype at the end (eager rounds x·Wᵀ+b, the act and the
+residual sum separately; the gap is within bf16 tolerance). gemm_rmsnorm rounds x·g to
+x.dtype before tl.dot (16-bit tensor-core operands), as HF rounds x̂ before its GEMM.
+
+Decode (M <= 16): BLOCK_M=16 tiles and SPLIT_K. Program (tile, s) reduces K-slice s into
+an fp32 partial (SPLIT_K, NACC, M, N); a second small kernel sums the partials in a fixed
+order and runs the epilogue. Chosen over fp32 atomics: deterministic, no memset launch,
+and the non-linear epilogue needs a second pass anyway; `keep` bounds the partial traffic
+(2·SPLIT_K·NACC·M·N·4 B) to 1/16 of the W bytes.
+
+Example (CPU needs TRITON_INTERPRET=1; on CUDA it runs the compiled kernel)::
+
+    import torch, advisor.kernels.gemm
+    x, w, r = torch.randn(4, 64), torch.randn(32, 64), torch.randn(4, 32)
+    y = torch.ops.advisor.gemm_epilogue(x, w, None, r, "none", "")   # == x @ w.T + r
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from advisor.kernels._triton import (
+    SUPPORTED_DTYPES,
+    check,
+    check_float,
+    interpreting,
+    resources,
+    triton_can_run,
+)
+from advisor.kernels.bias_act import _round_like
+from advisor.kernels.gated_act import ACTIVATIONS, activation_ref, apply_activation, as_rows
+from advisor.kernels.norm import rms_norm_reference
+from advisor.kernels.registry import KernelSpec, register
+from advisor.kernels.space import Config, ConfigSpace, Problem, decode
+from advisor.kernels.testing import randn_nonzero
+
+# gemm_epilogue's activations: "none" (code -1) plus gated_act's codes.
+GEMM_ACTIVATIONS: dict[str, int] = {"none": -1, **ACTIVATIONS}
+
+# ----------------------------------------------------------------------------- references
+
+
+def reference(x, w, bias, residual, activation: str) -> torch.Tensor:
+    """act(x·Wᵀ + b) (+ residual) in fp32, cast once to x.dtype. x (..., K), w (N, K)."""
+    y = F.linear(x.float(), w.float(), None if bias is None else bias.float())  # (..., N)
+    if activation != "none":
+        y = activation_ref(activation, y)
+    if residual is not None:
+        y = y + residual.float()
+    return y.to(x.dtype)
+
+
+def reference_swiglu(x, w_gu, activation: str) -> torch.Tensor:
+    """act(x·W_gᵀ)·(x·W_uᵀ) for w_gu = [W_g; W_u] (2N, K): (..., K) -> (..., N)."""
+    gate, up = F.linear(x.float(), w_gu.float()).chunk(2, dim=-1)  # (..., N) each
+    return (activation_ref(activation, gate) * up).to(x.dtype)
+
+
+def reference_rmsnorm(x, norm_w, w, eps: float, weight_offset: float) -> torch.Tensor:
+    """rms_norm(x)·Wᵀ with the normalised x kept in fp32 (not rounded), cast to x.dtype."""
+    normed = rms_norm_reference(x.float(), norm_w, eps, weight_offset)  # (..., K) fp32
+    return F.linear(normed, w.float()).to(x.dtype)
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped ordering (tutorial 03): GROUP_M row-tiles share W column tiles in L2."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * num_n)
+    first_m = group * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    in_group = pid % (GROUP_M * num_n)
+    return first_m + in_group % size_m, in_group // size_m
+
+
+@triton.jit
+def _epilogue(acc, up, rows, cols, M, N, B, R, RS, stride_rm,
+              ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+              ROW_SCALE: tl.constexpr, GATED: tl.constexpr):
+    """fp32 tile acc = x·Wᵀ (up = x·W_uᵀ if GATED), rows (BM,), cols (BN,) -> fp32 result."""
+    if ROW_SCALE:  # gemm_rmsnorm: r = rsqrt(mean(x²)+eps) per row
+        acc = acc * tl.load(RS + rows, mask=rows < M, other=0.0)[:, None]
+    if HAS_BIAS:
+        acc = acc + tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    if ACT >= 0:
+        acc = apply_activation(acc, ACT)
+    if GATED:
+        acc = acc * up
+    if HAS_RESIDUAL:
+        mask = (rows < M)[:, None] & (cols < N)[None, :]
+        res = tl.load(R + rows.to(tl.int64)[:, None] * stride_rm + cols[None, :], mask=mask,
+                      other=0.0)
+        acc = acc + res.to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _gemm_kernel(
+    X, W, G,  # x (M, K) any strides; W (N_w, K) any strides; g = norm weight (K,) if PRE_SCALE
+    B, R, RS,  # bias (N,); residual (M, N) rows stride_rm apart; row scales r (M,) fp32
+    Y, P,  # out (M, N) rows stride_ym apart; fp32 split-K partials (SPLIT_K, NACC, M, N)
+    M, N, K,  # y is (M, N); N counts output columns (W has 2N rows when GATED)
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_ym,
+    stride_ps, stride_pu,  # partials: NACC·M·N per split, M·N to the up half
+    weight_offset,  # g + weight_offset multiplies x along K (gemm_rmsnorm)
+    ACT: tl.constexpr,  # activation code (-1 none, else gated_act.ACTIVATIONS)
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    PRE_SCALE: tl.constexpr,  # gemm_rmsnorm: x·diag(g) in the prologue, ·r in the epilogue
+    GATED: tl.constexpr,  # gemm_swiglu: second accumulator over W rows [N, 2N)
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K masks
+    EMULATE: tl.constexpr,  # interpreter + bf16: fp32 dot, RN rounding in integer ops
+    PRECISION: tl.constexpr,  # tl.dot input_precision ("ieee" for fp32: no tf32)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    # K-slice of this program: whole BLOCK_K steps; only the last slice may end mid-block.
+    k_span = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+    k_lo = tl.program_id(1) * k_span
+    k_hi = tl.minimum(k_lo + k_span, K)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
+    offs_k = k_lo + tl.arange(0, BLOCK_K)  # (BK,)
+    # Loads wrap rows/cols (% M, % N) so they need no mask; the stores are masked.
+    x_ptrs = X + (rows % M).to(tl.int64)[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    w_ptrs = W + (cols % N).to(tl.int64)[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = acc
+    for k in range(k_lo, k_hi, BLOCK_K):
+        kk = k + tl.arange(0, BLOCK_K)  # (BK,)
+        if EVEN_K:
+            a = tl.load(x_ptrs)  # (BM, BK)
+            b = tl.load(w_ptrs)  # (BK, BN): a tile of Wᵀ
+        else:
+            a = tl.load(x_ptrs, mask=(kk < K)[None, :], other=0.0)
+            b = tl.load(w_ptrs, mask=(kk < K)[:, None], other=0.0)
+        if PRE_SCALE:
+            g = tl.load(G + kk, mask=kk < K, other=0.0).to(tl.float32) + weight_offset
+            if EMULATE:
+                a = _round_like(a.to(tl.float32) * g[None, :], a)
+            else:
+                a = (a.to(tl.float32) * g[None, :]).to(X.dtype.element_ty)
+        if EMULATE:  # the 3.9 interpreter's dot multiplies bf16 bit patterns (triton#11584)
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if GATED:
+            if EVEN_K:
+                bu = tl.load(w_ptrs + N * stride_wn)
+            else:
+                bu = tl.load(w_ptrs + N * stride_wn, mask=(kk < K)[:, None], other=0.0)
+            if EMULATE:
+                bu = bu.to(tl.float32)
+            up = tl.dot(a, bu, up, input_precision=PRECISION)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    if SPLIT_K == 1:
+        y = _epilogue(acc, up, rows, cols, M, N, B, R, RS, stride_rm,
+                      ACT, HAS_BIAS, HAS_RESIDUAL, PRE_SCALE, GATED)
+        y_ptrs = Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :]
+        tl.store(y_ptrs, y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        p_ptrs = (P + tl.program_id(1).to(tl.int64) * stride_ps
+                  + rows.to(tl.int64)[:, None] * N + cols[None, :])  # (BM, BN)
+        tl.store(p_ptrs, acc, mask=mask)
+        if GATED:
+            tl.store(p_ptrs + stride_pu, up, mask=mask)
+
+
+@triton.jit
+def _splitk_epilogue_kernel(
+    P,  # fp32 partials (SPLIT_K, NACC, M, N) contiguous
+    B, R, RS, Y,  # as in _gemm_kernel
+    M, N, stride_rm, stride_ym, stride_ps, stride_pu,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    ROW_SCALE: tl.constexpr, GATED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    p_ptrs = P + rows.to(tl.int64)[:, None] * N + cols[None, :]  # (BM, BN), split 0
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):  # fixed order: deterministic sums
+        acc += tl.load(p_ptrs + s * stride_ps, mask=mask, other=0.0)
+        if GATED:
+            up += tl.load(p_ptrs + s * stride_ps + stride_pu, mask=mask, other=0.0)
+    y = _epilogue(acc, up, rows, cols, M, N, B, R, RS, stride_rm,
+                  ACT, HAS_BIAS, HAS_RESIDUAL, ROW_SCALE, GATED)
+    tl.store(Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :],
+             y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _row_rstd_kernel(X, RS, K, stride_xm, stride_xk, eps, BLOCK_K: tl.constexpr):
+    """RS[row] = rsqrt(mean(x[row]²) + eps) in fp32; one program per row of x (M, K)."""
+    row = tl.program_id(0).to(tl.int64)
+    sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        kk = k + tl.arange(0, BLOCK_K)
+        v = tl.load(X + row * stride_xm + kk * stride_xk, mask=kk < K, other=0.0)
+        sq += v.to(tl.float32) * v.to(tl.float32)
+    tl.store(RS + row, tl.rsqrt(tl.sum(sq, axis=0) / K + eps))
+
+
+# ----------------------------------------------------------------------------- config space
+
+SMEM_BUDGET = 200 * 1024  # bytes of pipelined operand tiles (H100/H200 allow 227 KB/block)
+FILL_PROGRAMS = 256  # split K until tiles·SPLIT_K reach this (~2 programs per SM on 100+ SMs)
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def _elt(problem: Problem) -> int:
+    return 4 if str(problem.get("dtype", "")).endswith("float32") else 2
+
+
+def _tiles(cfg: Config, problem: Problem) -> int:
+    return triton.cdiv(problem["M"], cfg["BLOCK_M"]) * triton.cdiv(problem["N"], cfg["BLOCK_N"])
+
+
+def _split_ok(cfg: Config, problem: Problem) -> bool:
+    """Split K only where tiles are too few, every slice has >= 2 K-steps, and the fp32
+    partials (written and read back) stay under 1/16 of the W bytes they help stream."""
+    s = cfg["SPLIT_K"]
+    if s == 1:
+        return True
+    m, k = problem["M"], problem["K"]
+    return (k >= 2 * s * cfg["BLOCK_K"] and 2 * s * m * 4 * 16 <= k * _elt(problem)
+            and _tiles(cfg, problem) * s // 2 < FILL_PROGRAMS)
+
+
+def _menu(problem: Problem) -> dict[str, tuple[int, ...]]:
+    """The sensible values per axis for this problem's regime, clipped to its size.
+
+    decode (M <= 16): 16-row tiles, deep K and >= 3 stages to stream W, SPLIT_K for
+    occupancy; small M (<= 128): tiles no taller than M; large M: 64/128-row tiles."""
+    m, elt = problem["M"], _elt(problem)
+    deep = (64, 128) if elt == 2 else (32, 64)
+    if m <= 16:
+        menu = {"BLOCK_M": (16,), "BLOCK_K": deep, "num_warps": (4,), "SPLIT_K": (1, 2, 4, 8)}
+    elif m <= 128:
+        rows = tuple(b for b in (16, 32, 64) if _pow2(m) // 2 <= b <= _pow2(m))
+        menu = {"BLOCK_M": rows, "BLOCK_K": deep[:1], "num_warps": (4, 8), "SPLIT_K": (1, 2)}
+    else:
+        menu = {"BLOCK_M": (64, 128), "BLOCK_K": (32, 64), "num_warps": (4, 8), "SPLIT_K": (1,)}
+    menu.update(BLOCK_N=(64, 128, 256), GROUP_M=(8,), num_stages=(3, 4))
+    for axis, size in (("BLOCK_N", problem["N"]), ("BLOCK_K", problem["K"])):
+        cap = max(32, _pow2(size))  # no tile wider than the problem (but >= 32 for tl.dot)
+        menu[axis] = tuple(v for v in menu[axis] if v <= cap) or (cap,)
+    return menu
+
+
+def keep(cfg: Config, problem: Problem) -> bool:
+    nacc = 1 + int(problem.get("gated", 0))
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    smem = (bm * bk + nacc * bn * bk) * _elt(problem) * cfg["num_stages"]
+    acc_per_thread = nacc * bm * bn // (32 * cfg["num_warps"])  # fp32 accumulator registers
+    # Enough accumulators per thread to keep the warps busy (small M: 8 warps need 16).
+    busy = acc_per_thread >= (32 if problem["M"] > 128 else {4: 4, 8: 16}[cfg["num_warps"]])
+    menu = _menu(problem)
+    return (all(cfg[axis] in values for axis, values in menu.items())
+            and smem <= SMEM_BUDGET and busy and acc_per_thread <= 128
+            and _split_ok(cfg, problem))
+
+
+def default(problem: Problem) -> Config:
+    """GEMV: 16x64 tiles, the deepest K, split until ~FILL_PROGRAMS programs; small M:
+    tiles as tall as M (<= 64); large M: 128x128 (x64 when gated), 8 warps, 3 stages."""
+    m, nacc = problem["M"], 1 + int(problem.get("gated", 0))
+    menu = _menu(problem)
+    cfg = {"BLOCK_M": 128, "BLOCK_N": 128 // nacc, "BLOCK_K": menu["BLOCK_K"][-1],
+           "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "SPLIT_K": 1}
+    if m <= 128:
+        cfg.update(BLOCK_M=min(64, max(16, _pow2(m))), BLOCK_N=64 if m <= 16 else cfg["BLOCK_N"],
+                   num_warps=4, num_stages=4)
+    cfg["BLOCK_N"] = min(cfg["BLOCK_N"], menu["BLOCK_N"][-1])
+    for split in (2, 4, 8):
+        if m <= 16 and _tiles(cfg, problem) * cfg["SPLIT_K"] < FILL_PROGRAMS and _split_ok(
+                {**cfg, "SPLIT_K": split}, problem):
+            cfg["SPLIT_K"] = split
+    return cfg
+
+
+SPACE = ConfigSpace(
+    axes={
+        "BLOCK_M": (16, 32, 64, 128),
+        "BLOCK_N": (32, 64, 128, 256),
+        "BLOCK_K": (32, 64, 128),
+        "GROUP_M": (8,),
+        "num_warps": (4, 8),
+        "num_stages": (2, 3, 4),
+        "SPLIT_K": (1, 2, 4, 8),
+    },
+    default=default,
+    keep=keep,
+)
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+def resolve_config(config: Mapping[str, int] | None, problem: Problem) -> Config:
+    """None/{} -> the default. A given config must use the space's axes and values; `keep`
+    is not applied (a config tuned at one size must still run at another)."""
+    if not config:
+        return SPACE.default(problem)
+    check(set(config) == set(SPACE.axes), f"config keys {sorted(config)} != {sorted(SPACE.axes)}")
+    for name, value in config.items():
+        check(value in SPACE.axes[name], f"config {name}={value} not in {SPACE.axes[name]}")
+    return {k: int(v) for k, v in config.items()}
+
+
+def _check_x_w(x: torch.Tensor, w: torch.Tensor) -> None:
+    check_float("x", x)
+    check(x.dim() >= 1 and x.shape[-1] > 0, f"x shape {tuple(x.shape)}: need (..., K), K > 0")
+    check(w.dim() == 2 and w.shape[1] == x.shape[-1],
+          f"w shape {tuple(w.shape)} is not (N, K={x.shape[-1]})")
+    check(w.dtype == x.dtype and w.device == x.device,
+          f"w is {w.dtype} on {w.device}, x is {x.dtype} on {x.device}")
+
+
+def _check_like(name: str, t: torch.Tensor, shape: tuple[int, ...], x: torch.Tensor,
+                same_dtype: bool = True) -> None:
+    check(tuple(t.shape) == shape and t.device == x.device
+          and (t.dtype == x.dtype if same_dtype else t.dtype in SUPPORTED_DTYPES),
+          f"{name}: expected {shape} {x.dtype if same_dtype else 'float'} on {x.device}, "
+          f"got {tuple(t.shape)} {t.dtype} on {t.device}")
+
+
+def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, gated=False,
+         config: Mapping[str, int] | None = None) -> tuple[torch.Tensor, Any]:
+    """Checked x (..., K), w (N or 2N, K) -> (y (..., N), compiled GEMM or None).
+    norm = (g (K,), eps, weight_offset) selects gemm_rmsnorm."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)  # (M, K): a view when possible; both strides go to the kernel
+    m = x2.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)  # (M, N)
+    if m == 0 or n == 0:
+        return y.view(*x.shape[:-1], n), None
+    problem = {"M": m, "N": n, "K": k, "dtype": str(x.dtype), "gated": int(gated)}
+    cfg = resolve_config(config, problem)
+    r2 = as_rows(residual, n) if residual is not None else y  # (M, N), unit column stride
+    g, rs, offset = y, y, 0.0  # placeholders for pointers a flag leaves unused
+    if norm is not None:
+        g, eps, offset = norm[0].contiguous(), float(norm[1]), float(norm[2])
+        rs = torch.empty(m, dtype=torch.float32, device=x.device)  # (M,) row scales
+        _row_rstd_kernel[(m,)](x2, rs, k, x2.stride(0), x2.stride(1), eps,
+                               BLOCK_K=min(4096, _pow2(k)), num_warps=4)
+    b = bias.contiguous() if bias is not None else y
+    split = cfg["SPLIT_K"]
+    partials = (torch.empty((split, 1 + int(gated), m, n), dtype=torch.float32, device=x.device)
+                if split > 1 else y)
+    p_strides = (partials.stride(0), m * n) if split > 1 else (0, 0)
+    emulate = interpreting() and x.dtype == torch.bfloat16
+    flags = {"ACT": act, "HAS_BIAS": bias is not None, "HAS_RESIDUAL": residual is not None,
+             "GATED": gated}
+    compiled = _gemm_kernel[(_tiles(cfg, problem), split)](
+        x2, w, g, b, r2, rs, y, partials, m, n, k, x2.stride(0), x2.stride(1), w.stride(0),
+        w.stride(1), r2.stride(0), y.stride(0), p_strides[0], p_strides[1], offset,
+        PRE_SCALE=norm is not None,
+        EVEN_K=k % cfg["BLOCK_K"] == 0, EMULATE=emulate,
+        PRECISION="ieee" if emulate or x.dtype == torch.float32 else "tf32", **flags, **cfg)
+    if split > 1:
+        grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
+        _splitk_epilogue_kernel[grid](
+            partials, b, r2, rs, y, m, n, r2.stride(0), y.stride(0), *p_strides,
+            ROW_SCALE=norm is not None,
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SPLIT_K=split, num_warps=4, **flags)
+    return y.view(*x.shape[:-1], n), compiled
+
+
+def _epilogue_call(x, w, bias, residual, activation, config):
+    _check_x_w(x, w)
+    check(activation in GEMM_ACTIVATIONS, f"activation {activation!r} not in {list(GEMM_ACTIVATIONS)}")
+    n = w.shape[0]
+    if bias is not None:
+        _check_like("bias", bias, (n,), x)
+    if residual is not None:
+        _check_like("residual", residual, (*x.shape[:-1], n), x)
+    return _run(x, w, n, act=GEMM_ACTIVATIONS[activation], bias=bias, residual=residual,
+                config=config)
+
+
+def _swiglu_call(x, w_gu, activation, config):
+    _check_x_w(x, w_gu)
+    check(w_gu.shape[0] % 2 == 0, f"w_gu rows {w_gu.shape[0]}: not [gate; up] (even)")
+    check(activation in ACTIVATIONS, f"activation {activation!r} not in {list(ACTIVATIONS)}")
+    return _run(x, w_gu, w_gu.shape[0] // 2, act=ACTIVATIONS[activation], gated=True,
+                config=config)
+
+
+def _rmsnorm_call(x, norm_w, w, eps, weight_offset, config):
+    _check_x_w(x, w)
+    _check_like("norm_w", norm_w, (x.shape[-1],), x, same_dtype=False)
+    return _run(x, w, w.shape[0], norm=(norm_w, eps, weight_offset), config=config)
+
+
+def launch_gemm_epilogue(x, w, bias=None, residual=None, activation: str = "none",
+                         config: Mapping[str, int] | None = None) -> torch.Tensor:
+    """act(x·Wᵀ + b) (+ residual): x (..., K), w (N, K), bias (N,), residual (..., N)."""
+    return _epilogue_call(x, w, bias, residual, activation, config)[0]
+
+
+def launch_gemm_swiglu(x, w_gu, activation: str = "silu",
+                       config: Mapping[str, int] | None = None) -> torch.Tensor:
+    """act(x·W_gᵀ)·(x·W_uᵀ): x (..., K), w_gu = [W_g; W_u] (2N, K) -> (..., N)."""
+    return _swiglu_call(x, w_gu, activation, config)[0]
+
+
+def launch_gemm_rmsnorm(x, norm_w, w, eps: float, weight_offset: float = 0.0,
+                        config: Mapping[str, int] | None = None) -> torch.Tensor:
+    """rms_norm(x; norm_w, eps, weight_offset)·Wᵀ: x (..., K), norm_w (K,), w (N, K)."""
+    return _rmsnorm_call(x, norm_w, w, eps, weight_offset, config)[0]
+
+
+def _n_spills(compiled: Any) -> int | None:
+    report = None if interpreting() else resources(compiled)
+    return None if report is None else report.n_spills
+
+
+def spills_gemm_epilogue(x, w, bias=None, residual=None, activation="none", config=None):
+    """Register spills of the compiled GEMM (runs it once); None under the interpreter."""
+    return _n_spills(_epilogue_call(x, w, bias, residual, activation, config)[1])
+
+
+def spills_gemm_swiglu(x, w_gu, activation="silu", config=None):
+    return _n_spills(_swiglu_call(x, w_gu, activation, config)[1])
+
+
+def spills_gemm_rmsnorm(x, norm_w, w, eps, weight_offset=0.0, config=None):
+    return _n_spills(_rmsnorm_call(x, norm_w, w, eps, weight_offset, config)[1])
+
+
+# ----------------------------------------------------------------------------- custom ops
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return triton_can_run(x) and x.dtype in SUPPORTED_DTYPES
+
+
+@torch.library.custom_op(
+    "advisor::gemm_epilogue", mutates_args=(),
+    schema="(Tensor x, Tensor w, Tensor? bias, Tensor? residual, str activation, str config) "
+           "-> Tensor")
+def gemm_epilogue(x, w, bias, residual, activation, config):
+    if _use_triton(x):
+        return launch_gemm_epilogue(x, w, bias, residual, activation, decode(config))
+    return reference(x, w, bias, residual, activation).contiguous()
+
+
+@torch.library.custom_op(
+    "advisor::gemm_swiglu", mutates_args=(),
+    schema="(Tensor x, Tensor w_gu, str activation, str config) -> Tensor")
+def gemm_swiglu(x, w_gu, activation, config):
+    if _use_triton(x):
+        return launch_gemm_swiglu(x, w_gu, activation, decode(config))
+    return reference_swiglu(x, w_gu, activation).contiguous()
+
+
+@torch.library.custom_op(
+    "advisor::gemm_rmsnorm", mutates_args=(),
+    schema="(Tensor x, Tensor norm_w, Tensor w, float eps, float weight_offset, str config) "
+           "-> Tensor")
+def gemm_rmsnorm(x, norm_w, w, eps, weight_offset, config):
+    if _use_triton(x):
+        return launch_gemm_rmsnorm(x, norm_w, w, eps, weight_offset, decode(config))
+    return reference_rmsnorm(x, norm_w, w, eps, weight_offset).contiguous()
+
+
+def _out_like(x: torch.Tensor, n) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], n))
+
+
+gemm_epilogue.register_fake(lambda x, w, bias, residual, activation, config: _out_like(x, w.shape[0]))
+gemm_swiglu.register_fake(lambda x, w_gu, activation, config: _out_like(x, w_gu.shape[0] // 2))
+gemm_rmsnorm.register_fake(
+    lambda x, norm_w, w, eps, weight_offset, config: _out_like(x, w.shape[0]))
+
+
+# ----------------------------------------------------------------------------- registry
+
+EPS = 1e-6
+_ACT_NAMES = {code: name for name, code in GEMM_ACTIVATIONS.items()}
+
+
+def _x_w(dims, rows: int, dtype, device, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) ~ N(0, 1) and w (rows, K) ~ N(0, 1/K), so outputs are ~ N(0, 1)."""
+    x = randn_nonzero((dims["M"], dims["K"]), dtype, device, generator)
+    return x, randn_nonzero((rows, dims["K"]), dtype, device, generator, dims["K"] ** -0.5)
+
+
+def _make_epilogue(dims, dtype, device, generator) -> tuple[Any, ...]:
+    x, w = _x_w(dims, dims["N"], dtype, device, generator)
+    b = randn_nonzero((dims["N"],), dtype, device, generator, 0.5) if dims.get("bias") else None
+    r = randn_nonzero((dims["M"], dims["N"]), dtype, device, generator) if dims.get("residual") else None
+    return x, w, b, r, _ACT_NAMES[dims.get("act", -1)]
+
+
+def _make_swiglu(dims, dtype, device, generator) -> tuple[Any, ...]:
+    return (*_x_w(dims, 2 * dims["N"], dtype, device, generator), _ACT_NAMES[dims.get("act", 0)])
+
+
+def _make_rmsnorm(dims, dtype, device, generator) -> tuple[Any, ...]:
+    x, w = _x_w(dims, dims["N"], dtype, device, generator)
+    norm_w = randn_nonzero((dims["K"],), dtype, device, generator, 0.5)
+    return x, norm_w, w, EPS, float(dims.get("weight_offset", 0))
+
+
+def _problem(x: torch.Tensor, w: torch.Tensor, gated: bool = False) -> Problem:
+    k = x.shape[-1]
+    n = w.shape[0] // 2 if gated else w.shape[0]
+    return {"M": x.numel() // k, "N": n, "K": k, "dtype": str(x.dtype), "gated": int(gated)}
+
+
+def _bytes(n: int, x: torch.Tensor, *tensors: torch.Tensor | None) -> int:
+    """x and each other input read once plus the (M, N) output written once."""
+    out = x.numel() // x.shape[-1] * n * x.element_size()
+    return out + sum(t.numel() * t.element_size() for t in (x, *tensors) if t is not None)
+
+
+def _spec(name: str, *, bench_n: int, bench_extra: Mapping[str, int], **fields: Any) -> KernelSpec:
+    return register(KernelSpec(
+        name=name, space=SPACE, usable=lambda x, *_: _use_triton(x),
+        bench_dims=lambda tokens: {"M": tokens, "K": 4096, "N": bench_n, **bench_extra}, **fields))
+
+
+_spec("gemm_epilogue", reference=reference, launch=launch_gemm_epilogue,
+      make_inputs=_make_epilogue, problem=lambda x, w, *_: _problem(x, w),
+      bytes_moved=lambda x, w, b, r, act: _bytes(w.shape[0], x, w, b, r),
+      test_dims=({"M": 3, "K": 24, "N": 8, "bias": 1, "residual": 1, "act": 1},
+                 {"M": 17, "K": 40, "N": 40, "act": 2}, {"M": 1, "K": 40, "N": 40, "residual": 1}),
+      bench_n=4096, bench_extra={"residual": 1},  # o_proj + residual add
+      unfused_launches=2, spills=spills_gemm_epilogue)  # o_proj GEMM, residual add
+_spec("gemm_swiglu", reference=reference_swiglu, launch=launch_gemm_swiglu,
+      make_inputs=_make_swiglu, problem=lambda x, w_gu, act: _problem(x, w_gu, gated=True),
+      bytes_moved=lambda x, w_gu, act: _bytes(w_gu.shape[0] // 2, x, w_gu),
+      test_dims=({"M": 3, "K": 24, "N": 8}, {"M": 17, "K": 40, "N": 40, "act": 1},
+                 {"M": 1, "K": 40, "N": 40, "act": 3}),
+      bench_n=14336, bench_extra={},  # Llama-3-8B MLP gate/up
+      unfused_launches=4, spills=spills_gemm_swiglu)  # gate GEMM, up GEMM, act, mul
+_spec("gemm_rmsnorm", reference=reference_rmsnorm, launch=launch_gemm_rmsnorm,
+      make_inputs=_make_rmsnorm, problem=lambda x, norm_w, w, *_: _problem(x, w),
+      bytes_moved=lambda x, norm_w, w, *_: _bytes(w.shape[0], x, norm_w, w),
+      test_dims=({"M": 3, "K": 24, "N": 8}, {"M": 17, "K": 40, "N": 40, "weight_offset": 1},
+                 {"M": 1, "K": 40, "N": 40}),
+      bench_n=6144, bench_extra={},  # input norm -> merged QKV (4096 + 2·1024)
+      unfused_launches=9, spills=spills_gemm_rmsnorm)  # eager RMSNorm 8 (norm.py) + GEMM

@@ -1,0 +1,263 @@
+"""gemm_epilogue / gemm_swiglu / gemm_rmsnorm: the Triton GEMM (interpreter on CPU) vs reference.
+
+Sizes are tiny (M in {1, 3, 17}, K in {24, 40}, N in {8, 40}): every tile is masked on
+some side, since tl.dot blocks are >= 16 wide.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from advisor.errors import KernelInputError
+from advisor.kernels import gemm
+from advisor.kernels.registry import get
+from advisor.kernels.space import encode
+from advisor.kernels.testing import assert_close, randn_nonzero
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The interpreter evaluates sigmoid's exp(-x) in numpy, which warns where it overflows to inf.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+
+
+def _rand(shape, dtype, seed, scale=1.0):
+    return randn_nonzero(shape, dtype, "cpu", torch.Generator().manual_seed(seed), scale)
+
+
+def _xw(m, k, n, dtype, seed=0):
+    """x (m, k) ~ N(0, 4) (reaches every activation's tails), w (n, k) ~ N(0, 1/k)."""
+    return _rand((m, k), dtype, seed, 2.0), _rand((n, k), dtype, seed + 1, k ** -0.5)
+
+
+def _split(k_cfg: dict, split: int, block_k: int = 32) -> dict:
+    return {**k_cfg, "SPLIT_K": split, "BLOCK_K": block_k}
+
+
+def _cfg(m, n, k, dtype, gated=False, **over):
+    problem = {"M": m, "N": n, "K": k, "dtype": str(dtype), "gated": int(gated)}
+    return {**gemm.SPACE.default(problem), **over}
+
+
+@pytest.mark.parametrize("activation", list(gemm.GEMM_ACTIVATIONS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_epilogue_every_activation_and_dtype(activation, dtype):
+    x, w = _xw(17, 40, 40, dtype)
+    b, r = _rand((40,), dtype, 5, 0.5), _rand((17, 40), dtype, 6)
+    out = gemm.launch_gemm_epilogue(x, w, b, r, activation)
+    assert_close(out, gemm.reference(x, w, b, r, activation))
+
+
+@pytest.mark.parametrize("bias, residual", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("m, k, n", [(1, 24, 8), (3, 40, 40)])
+def test_epilogue_bias_residual_combinations(bias, residual, m, k, n):
+    x, w = _xw(m, k, n, torch.float16)
+    b = _rand((n,), torch.float16, 7) if bias else None
+    r = _rand((m, n), torch.float16, 8) if residual else None
+    assert_close(gemm.launch_gemm_epilogue(x, w, b, r, "gelu"), gemm.reference(x, w, b, r, "gelu"))
+
+
+def test_reference_is_eager_math():
+    x, w = _xw(3, 24, 8, torch.float32)
+    b, r = _rand((8,), torch.float32, 2), _rand((3, 8), torch.float32, 3)
+    torch.testing.assert_close(gemm.reference(x, w, b, r, "silu"), F.silu(F.linear(x, w, b)) + r)
+    wg, wu = w.chunk(2)
+    torch.testing.assert_close(gemm.reference_swiglu(x, w, "gelu_tanh"),
+                               F.gelu(x @ wg.T, approximate="tanh") * (x @ wu.T))
+    g = _rand((24,), torch.float32, 4)
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + g)
+    torch.testing.assert_close(gemm.reference_rmsnorm(x, g, w, 1e-6, 1.0), normed @ w.T)
+
+
+@pytest.mark.parametrize("activation", list(gemm.ACTIVATIONS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_every_activation_and_dtype(activation, dtype):
+    for m, k, n in ((3, 24, 8), (17, 40, 40)):
+        x, w_gu = _xw(m, k, 2 * n, dtype)
+        out = gemm.launch_gemm_swiglu(x, w_gu, activation)
+        assert out.shape == (m, n)
+        assert_close(out, gemm.reference_swiglu(x, w_gu, activation))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rmsnorm_exact_scales(dtype, offset):
+    """g + offset = ±2^j makes x·g exact in every dtype, so only fp32 rounding remains."""
+    x, w = _xw(17, 40, 40, dtype)
+    power = torch.randint(-1, 2, (40,), generator=torch.Generator().manual_seed(9))
+    g = (torch.sign(_rand((40,), torch.float32, 10)) * 2.0 ** power - offset).to(dtype)
+    out = gemm.launch_gemm_rmsnorm(x, g, w, 1e-6, offset)
+    assert_close(out, gemm.reference_rmsnorm(x, g, w, 1e-6, offset))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rmsnorm_random_scale_and_fp32_norm_weight(dtype):
+    x, w = _xw(3, 40, 8, dtype)
+    for g in (_rand((40,), dtype, 11, 0.5), _rand((40,), torch.float32, 12, 0.5)):
+        assert_close(gemm.launch_gemm_rmsnorm(x, g, w, 1e-5, 0.0),
+                     gemm.reference_rmsnorm(x, g, w, 1e-5, 0.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("split, k", [(2, 40), (4, 40), (4, 128), (8, 250)])
+def test_split_k_every_op(dtype, split, k):
+    """BLOCK_K=32 slices: K=40 ragged (and empty slices at SPLIT_K=4); K=128 four full
+    EVEN_K slices; K=250 eight slices, the last ragged."""
+    m, n = (1, 40) if split != 2 else (3, 8)
+    x, w = _xw(m, k, n, dtype)
+    b, r = _rand((n,), dtype, 3), _rand((m, n), dtype, 4)
+    cfg = _split(_cfg(m, n, k, dtype), split)
+    assert_close(gemm.launch_gemm_epilogue(x, w, b, r, "silu", cfg),
+                 gemm.reference(x, w, b, r, "silu"))
+    x2, w_gu = _xw(m, k, 2 * n, dtype, seed=3)
+    assert_close(gemm.launch_gemm_swiglu(x2, w_gu, "gelu", cfg),
+                 gemm.reference_swiglu(x2, w_gu, "gelu"))
+    g = _rand((k,), dtype, 5, 0.5)
+    assert_close(gemm.launch_gemm_rmsnorm(x, g, w, 1e-6, 1.0, cfg),
+                 gemm.reference_rmsnorm(x, g, w, 1e-6, 1.0))
+
+
+@pytest.mark.parametrize("op", ["epilogue", "swiglu", "rmsnorm"])
+def test_two_configs_from_the_space(op):
+    m, k, n = 17, 40, 40
+    x, w = _xw(m, k, 2 * n if op == "swiglu" else n, torch.bfloat16)
+    configs = gemm.SPACE.configs({"M": m, "N": n, "K": k, "dtype": "torch.bfloat16",
+                                  "gated": int(op == "swiglu")})
+    assert len(configs) >= 2
+    g = _rand((k,), torch.bfloat16, 6, 0.5)
+    for cfg in (configs[0], configs[-1]):
+        if op == "epilogue":
+            assert_close(gemm.launch_gemm_epilogue(x, w, None, None, "relu", cfg),
+                         gemm.reference(x, w, None, None, "relu"))
+        elif op == "swiglu":
+            assert_close(gemm.launch_gemm_swiglu(x, w, "silu", cfg),
+                         gemm.reference_swiglu(x, w, "silu"))
+        else:
+            assert_close(gemm.launch_gemm_rmsnorm(x, g, w, 1e-6, 0.0, cfg),
+                         gemm.reference_rmsnorm(x, g, w, 1e-6, 0.0))
+
+
+def test_3d_batch_and_strided_operands():
+    x, w = _xw(6, 24, 40, torch.float16)
+    x3 = x.view(2, 3, 24)  # (B, T, K)
+    r3 = _rand((2, 3, 40), torch.float16, 7)
+    out = gemm.launch_gemm_epilogue(x3, w, None, r3, "none")
+    assert out.shape == (2, 3, 40)
+    assert_close(out, gemm.reference(x3, w, None, r3, "none"))
+    # a row-strided slice of x; x and W column-major; two K-steps (K=40, BLOCK_K=32)
+    wide, w40 = _xw(6, 64, 40, torch.float16, seed=8)
+    cfg = _cfg(6, 40, 40, torch.float16, BLOCK_K=32)
+    for xs in (wide[:, 8:48], wide[:, 8:48].t().contiguous().t()):  # strides (64, 1), (1, 6)
+        wt = w40[:, :40].t().contiguous().t()  # (40, 40) stride (1, 40)
+        assert_close(gemm.launch_gemm_epilogue(xs, wt, None, None, "relu", cfg),
+                     gemm.reference(xs, wt, None, None, "relu"))
+    xt = x3.transpose(0, 1)  # (T, B, K): reshape copies
+    wt = w.t().contiguous().t()
+    assert_close(gemm.launch_gemm_swiglu(xt, w, "silu"), gemm.reference_swiglu(xt, w, "silu"))
+    g = _rand((24,), torch.float16, 9, 0.5)
+    assert_close(gemm.launch_gemm_rmsnorm(xt, g, wt, 1e-6, 0.0),
+                 gemm.reference_rmsnorm(xt, g, wt, 1e-6, 0.0))
+
+
+def test_custom_ops_and_torch_compile():
+    x, w = _xw(3, 40, 40, torch.bfloat16)
+    b, r, g = _rand((40,), torch.bfloat16, 1), _rand((3, 40), torch.bfloat16, 2), _rand(
+        (40,), torch.bfloat16, 3, 0.5)
+    cfg = encode(_split(_cfg(3, 20, 40, torch.bfloat16, gated=True), 2))
+    assert_close(torch.ops.advisor.gemm_epilogue(x, w, b, r, "gelu_tanh", ""),
+                 gemm.reference(x, w, b, r, "gelu_tanh"))
+    assert_close(torch.ops.advisor.gemm_swiglu(x, w, "silu", cfg), gemm.reference_swiglu(x, w, "silu"))
+    assert_close(torch.ops.advisor.gemm_rmsnorm(x, g, w, 1e-6, 0.0, ""),
+                 gemm.reference_rmsnorm(x, g, w, 1e-6, 0.0))
+
+    def block(x, w, b, r, g):
+        h = torch.ops.advisor.gemm_rmsnorm(x, g, w, 1e-6, 0.0, "")
+        h = torch.ops.advisor.gemm_epilogue(h, w, b, r, "none", "")
+        return torch.ops.advisor.gemm_swiglu(h, w, "silu", cfg)
+
+    got = torch.compile(block, backend="eager", fullgraph=True)(x, w, b, r, g)
+    assert got.shape == (3, 20)
+    assert torch.equal(got, block(x, w, b, r, g))  # the same kernels, traced by dynamo
+
+
+def test_custom_ops_fall_back_to_reference_without_triton(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU tensors, no interpreter: eager path
+    x, w = _xw(2, 24, 8, torch.float32)
+    g = _rand((24,), torch.float32, 1)
+    assert torch.equal(torch.ops.advisor.gemm_epilogue(x, w, None, None, "relu", ""),
+                       gemm.reference(x, w, None, None, "relu"))
+    assert torch.equal(torch.ops.advisor.gemm_swiglu(x, w, "silu", ""),
+                       gemm.reference_swiglu(x, w, "silu"))
+    assert torch.equal(torch.ops.advisor.gemm_rmsnorm(x, g, w, 1e-6, 0.0, ""),
+                       gemm.reference_rmsnorm(x, g, w, 1e-6, 0.0))
+
+
+def test_empty_rows_launch_nothing():
+    x, w = torch.empty(2, 0, 24), torch.randn(8, 24)
+    assert gemm.launch_gemm_epilogue(x, w).shape == (2, 0, 8)
+    assert gemm.launch_gemm_swiglu(x, w).shape == (2, 0, 4)
+    assert gemm.launch_gemm_rmsnorm(x, torch.ones(24), w, 1e-6).shape == (2, 0, 8)
+
+
+def test_rejects_bad_input():
+    x, w = _xw(3, 24, 8, torch.float32)
+    ok = _cfg(3, 8, 24, torch.float32)
+    bad = [
+        lambda: gemm.launch_gemm_epilogue(x.int(), w.int()),  # dtype
+        lambda: gemm.launch_gemm_epilogue(x, w.half()),  # mixed dtypes
+        lambda: gemm.launch_gemm_epilogue(x, w[:, :23]),  # K mismatch
+        lambda: gemm.launch_gemm_epilogue(x, w[0]),  # 1-D weight
+        lambda: gemm.launch_gemm_epilogue(x[:, :0], w[:, :0]),  # K = 0
+        lambda: gemm.launch_gemm_epilogue(x, w, torch.ones(7)),  # bias shape
+        lambda: gemm.launch_gemm_epilogue(x, w, None, torch.ones(3, 7)),  # residual shape
+        lambda: gemm.launch_gemm_epilogue(x, w, None, None, "swish"),  # activation
+        lambda: gemm.launch_gemm_swiglu(x, w[:7]),  # odd merged rows
+        lambda: gemm.launch_gemm_swiglu(x, w, "none"),  # swiglu needs an activation
+        lambda: gemm.launch_gemm_rmsnorm(x, torch.ones(23), w, 1e-6),  # norm_w shape
+        lambda: gemm.launch_gemm_epilogue(x, w, config={"BLOCK_M": 16}),  # missing axes
+        lambda: gemm.launch_gemm_epilogue(x, w, config={**ok, "SPLIT_K": 3}),  # off the axis
+    ]
+    for call in bad:
+        with pytest.raises(KernelInputError):
+            call()
+
+
+@pytest.mark.parametrize("m", [1, 4, 16, 17, 64, 128, 512, 2048, 8192])
+@pytest.mark.parametrize("dtype", ["torch.bfloat16", "torch.float32"])
+def test_space_bounded_default_kept_fits_smem(m, dtype):
+    for name in ("gemm_epilogue", "gemm_swiglu", "gemm_rmsnorm"):
+        spec = get(name)
+        dims = spec.bench_dims(m)
+        gated = int(name == "gemm_swiglu")
+        problem = {"M": m, "N": dims["N"], "K": dims["K"], "dtype": dtype, "gated": gated}
+        configs = spec.space.configs(problem)
+        assert 1 <= len(configs) <= 48
+        assert spec.space.default(problem) in configs
+        elt = 4 if dtype.endswith("32") else 2
+        for c in configs:
+            tile = c["BLOCK_M"] * c["BLOCK_K"] + (1 + gated) * c["BLOCK_N"] * c["BLOCK_K"]
+            assert tile * elt * c["num_stages"] <= gemm.SMEM_BUDGET
+            assert m > 16 or (c["BLOCK_M"] == 16)
+    gemv = gemm.SPACE.default({"M": 1, "N": 4096, "K": 4096, "dtype": "torch.bfloat16"})
+    assert gemv["SPLIT_K"] > 1 and gemv["BLOCK_M"] == 16
+
+
+@pytest.mark.parametrize("name", ["gemm_epilogue", "gemm_swiglu", "gemm_rmsnorm"])
+def test_registry_entry(name):
+    spec = get(name)
+    gen = torch.Generator().manual_seed(3)
+    for dims in spec.test_dims:
+        for dtype in (torch.float32, torch.bfloat16):
+            inputs = spec.make_inputs(dims, dtype, torch.device("cpu"), gen)
+            problem = spec.problem(*inputs)
+            m, k, n = dims["M"], dims["K"], dims["N"]
+            assert (problem["M"], problem["K"], problem["N"]) == (m, k, n)
+            elt = inputs[0].element_size()
+            extra = {"gemm_epilogue": dims.get("bias", 0) * n + dims.get("residual", 0) * m * n,
+                     "gemm_swiglu": n * k, "gemm_rmsnorm": k}[name]
+            assert spec.bytes_moved(*inputs) == (m * k + n * k + m * n + extra) * elt
+            for cfg in spec.space.configs(problem)[:2]:
+                assert_close(spec.launch(*inputs, config=cfg), spec.reference(*inputs))
+                assert spec.spills(*inputs, config=cfg) is None  # interpreter: nothing compiled
+    assert spec.bench_dims(2048)["M"] == 2048 and spec.bench_dims(1)["K"] == 4096
+    assert spec.unfused_launches >= 2
