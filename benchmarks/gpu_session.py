@@ -111,7 +111,7 @@ def stage_kernels(dev, ceilings, out: dict, tokens=(1, 128, 512, 2048, 8192)) ->
     for name, spec in all_kernels().items():
         if name == "merged_linear":
             continue
-        compiled = torch.compile(spec.reference, dynamic=False)
+        compiled = torch.compile(spec.unfused_ops(), dynamic=False)
         for t in tokens:
             try:
                 row = bench_kernel(spec, t, torch.bfloat16, 6, compiled)

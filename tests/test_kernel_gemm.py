@@ -261,3 +261,14 @@ def test_registry_entry(name):
                 assert spec.spills(*inputs, config=cfg) is None  # interpreter: nothing compiled
     assert spec.bench_dims(2048)["M"] == 2048 and spec.bench_dims(1)["K"] == 4096
     assert spec.unfused_launches >= 2
+
+
+@pytest.mark.parametrize("name", ["gemm_epilogue", "gemm_swiglu", "gemm_rmsnorm"])
+def test_unfused_baseline_computes_the_same_function(name):
+    """The benchmark's eager baseline (model-dtype ops) must compute what the reference does."""
+    from advisor.kernels import registry
+
+    spec = registry.get(name)
+    for dims in spec.test_dims:
+        inputs = spec.make_inputs(dims, torch.float32, torch.device("cpu"), torch.Generator().manual_seed(0))
+        assert_close(spec.unfused_ops()(*inputs), spec.reference(*inputs), torch.float32)

@@ -82,6 +82,26 @@ def reference_swiglu(x, w_gu, activation: str) -> torch.Tensor:
     return (activation_ref(activation, gate) * up).to(x.dtype)
 
 
+def unfused(x, w, bias, residual, activation: str) -> torch.Tensor:
+    """What a model runs eagerly, in x's dtype: cuBLAS GEMM (+ bias), activation, add."""
+    y = F.linear(x, w, bias)
+    y = activation_ref(activation, y) if activation != "none" else y
+    return y + residual if residual is not None else y
+
+
+def unfused_swiglu(x, w_gu, activation: str) -> torch.Tensor:
+    """Two GEMMs (gate, up), the activation and the product, in x's dtype."""
+    n = w_gu.shape[0] // 2
+    return activation_ref(activation, F.linear(x, w_gu[:n])) * F.linear(x, w_gu[n:])
+
+
+def unfused_rmsnorm(x, norm_w, w, eps: float, weight_offset: float) -> torch.Tensor:
+    """HF-style RMSNorm (fp32 inside, rounded to x's dtype), then the GEMM in x's dtype."""
+    h = x.float()
+    h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return F.linear(h * (norm_w + weight_offset).to(x.dtype), w)
+
+
 def reference_rmsnorm(x, norm_w, w, eps: float, weight_offset: float) -> torch.Tensor:
     """rms_norm(x)·Wᵀ with the normalised x kept in fp32 (not rounded), cast to x.dtype."""
     normed = rms_norm_reference(x.float(), norm_w, eps, weight_offset)  # (..., K) fp32
@@ -559,21 +579,21 @@ def _spec(name: str, *, bench_n: int, bench_extra: Mapping[str, int], **fields: 
         bench_dims=lambda tokens: {"M": tokens, "K": 4096, "N": bench_n, **bench_extra}, **fields))
 
 
-_spec("gemm_epilogue", reference=reference, launch=launch_gemm_epilogue,
+_spec("gemm_epilogue", reference=reference, unfused=unfused, launch=launch_gemm_epilogue,
       make_inputs=_make_epilogue, problem=lambda x, w, *_: _problem(x, w),
       bytes_moved=lambda x, w, b, r, act: _bytes(w.shape[0], x, w, b, r),
       test_dims=({"M": 3, "K": 24, "N": 8, "bias": 1, "residual": 1, "act": 1},
                  {"M": 17, "K": 40, "N": 40, "act": 2}, {"M": 1, "K": 40, "N": 40, "residual": 1}),
       bench_n=4096, bench_extra={"residual": 1},  # o_proj + residual add
       unfused_launches=2, spills=spills_gemm_epilogue)  # o_proj GEMM, residual add
-_spec("gemm_swiglu", reference=reference_swiglu, launch=launch_gemm_swiglu,
+_spec("gemm_swiglu", reference=reference_swiglu, unfused=unfused_swiglu, launch=launch_gemm_swiglu,
       make_inputs=_make_swiglu, problem=lambda x, w_gu, act: _problem(x, w_gu, gated=True),
       bytes_moved=lambda x, w_gu, act: _bytes(w_gu.shape[0] // 2, x, w_gu),
       test_dims=({"M": 3, "K": 24, "N": 8}, {"M": 17, "K": 40, "N": 40, "act": 1},
                  {"M": 1, "K": 40, "N": 40, "act": 3}),
       bench_n=14336, bench_extra={},  # Llama-3-8B MLP gate/up
       unfused_launches=4, spills=spills_gemm_swiglu)  # gate GEMM, up GEMM, act, mul
-_spec("gemm_rmsnorm", reference=reference_rmsnorm, launch=launch_gemm_rmsnorm,
+_spec("gemm_rmsnorm", reference=reference_rmsnorm, unfused=unfused_rmsnorm, launch=launch_gemm_rmsnorm,
       make_inputs=_make_rmsnorm, problem=lambda x, norm_w, w, *_: _problem(x, w),
       bytes_moved=lambda x, norm_w, w, *_: _bytes(w.shape[0], x, norm_w, w),
       test_dims=({"M": 3, "K": 24, "N": 8}, {"M": 17, "K": 40, "N": 40, "weight_offset": 1},

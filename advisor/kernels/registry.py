@@ -60,6 +60,13 @@ class KernelSpec:
     # Where not, the custom op and the runtime run `reference` instead. Default: the
     # inputs are on CUDA (or on the CPU under the Triton interpreter).
     usable: Callable[..., bool] | None = None
+    # unfused(*inputs): the eager ops the fusion replaces, as a model runs them (in the
+    # inputs' dtype, one launch per op) — the benchmark's "unfused eager" baseline.
+    # Default: `reference` (which computes in fp32 and may cost more than eager does).
+    unfused: Callable[..., Any] | None = None
+
+    def unfused_ops(self) -> Callable[..., Any]:
+        return self.unfused if self.unfused is not None else self.reference
 
     def can_launch(self, *inputs: Any) -> bool:
         if self.usable is not None:
