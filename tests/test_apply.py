@@ -37,8 +37,20 @@ def test_examples_all_fusions_match_and_do_not_recompile(path):
     assert [r["compiles"] for r in totals] == [1, 1], totals  # one compile per bucket
     assert all(r["launches_after"] < r["launches_before"] for r in totals)
     applied = {r["family"]: r["applied"] for r in summary if r["bucket"] == 8 and "applied" in r}
-    for fam in ("add_rms_norm", "rms_norm", "gated_act", "rope", "qkv_merge", "gate_up_merge"):
+    for fam in ("add_rms_norm", "rms_norm", "gate_up_swiglu", "rope", "qkv_merge"):
         assert applied[fam] > 0, (fam, summary)
+
+
+def test_shallower_alternatives_apply_when_the_deeper_fusion_is_off():
+    """Without gate_up_swiglu, the same MLP sites take gate/up merge + gated activation."""
+    mf = load_model_file("examples/tiny_llama.py")
+    model = build(mf, CPU, torch.float32)
+    x = inputs_for(mf, 6, 2, CPU)
+    ref = call(model, x)
+    fast = apply(model, Plan(("gated_act", "gate_up_merge")))
+    _check_close(call(fast, x), ref, torch.float32)
+    applied = {r["family"]: r["applied"] for r in fast.summary() if "applied" in r}
+    assert applied == {"gated_act": 2, "gate_up_merge": 2}
 
 
 @pytest.mark.parametrize("family", ["Gemma", "Qwen2", "GPTNeoX"])

@@ -24,6 +24,7 @@ KERNEL_MODULES: tuple[str, ...] = (
     "advisor.kernels.rope",
     "advisor.kernels.merged_linear",
     "advisor.kernels.gemm",
+    "advisor.kernels.linear_swiglu",
 )
 
 

@@ -26,6 +26,7 @@ KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gated_act": (("gate", "up", "activation"), ("y",)),
     "bias_act": (("x", "bias", "activation"), ("y",)),
     "rope_qk": (("q", "k", "cos", "sin", "interleaved"), ("q", "k")),
+    "linear_swiglu": (("x", "weights", "activation"), ("y",)),
 }
 
 
@@ -58,7 +59,7 @@ def _position(graph: fx.Graph) -> dict[fx.Node, int]:
 def _insert_point(graph: fx.Graph, m: Match, operands: list[Any]) -> fx.Node:
     """Right after the last operand; must precede every outside reader of an output."""
     pos = _position(graph)
-    deps = [a for a in operands if isinstance(a, fx.Node)]
+    deps = [a for a in pytree.tree_leaves(list(operands)) if isinstance(a, fx.Node)]
     last = max(deps, key=pos.__getitem__)
     inside = set(m.nodes)
     readers = [u for o in m.outputs.values() for u in o.users if u not in inside]

@@ -14,6 +14,7 @@ FAMILIES: dict[str, str] = {
     "add_rms_norm": "add_rms_norm",
     "layer_norm": "layer_norm",
     "add_layer_norm": "add_layer_norm",
+    "gate_up_swiglu": "linear_swiglu",
     "gated_act": "gated_act",
     "bias_act": "bias_act",
     "rope": "rope_qk",

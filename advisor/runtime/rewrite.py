@@ -42,7 +42,7 @@ class RewriteReport:
     sites: tuple[SiteResult, ...]
     launches_before: int
     launches_after: int
-    merged_weights: tuple[tuple[str, ...], ...] = ()   # parameter FQNs per merged group
+    merged_weights: tuple[tuple[str, ...], ...] = ()   # parameter FQNs read as one matrix
 
 
 def _random_like(node: fx.Node, gen: torch.Generator) -> Any:
@@ -197,7 +197,7 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
             results.append(SiteResult(m.family, m.module, False, str(exc)))
             continue
         gm.graph.eliminate_dead_code()
-        if m.kernel == "merged_linear":
+        if "weights" in m.operands:  # kernels that read several weights as one matrix
             merged.append(tuple(params.get(w.name, "") for w in m.operands["weights"]))
         results.append(SiteResult(m.family, m.module, True, max_error=float(cache[key])))
     gm.graph.lint()

@@ -103,6 +103,8 @@ def _meta(value: Any) -> Any:
 
     from advisor.graph.capture import fake, hint
 
+    if isinstance(value, (list, tuple)):  # e.g. the weights of a merged projection
+        return [_meta(v) for v in value]
     t = fake(value)
     if t is None:
         return value

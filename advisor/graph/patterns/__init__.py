@@ -4,6 +4,8 @@
 |--------------------------------|-------------------|---------------------------|
 | rms_norm, add_rms_norm,        | patterns/norm.py  | norm.py                   |
 | layer_norm, add_layer_norm     |                   |                           |
+| gate_up_swiglu (projections +  | linear.py         | linear_swiglu.py (gemm.py)|
+|   SwiGLU in one GEMM)          |                   |                           |
 | gated_act (SwiGLU, GeGLU)      | activation.py     | gated_act.py              |
 | bias_act                       | activation.py     | bias_act.py               |
 | rope (q and k in one launch)   | rope.py           | rope.py                   |
@@ -27,6 +29,7 @@ def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
     ropes = rope.find(gm)
     matches = [
         *norms,
+        *linear.find_swiglu_projections(gated, params),  # before gated_act: it subsumes it
         *gated,
         *activation.find_bias_act(gm, params),
         *ropes,

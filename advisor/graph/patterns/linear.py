@@ -16,7 +16,7 @@ import torch
 from torch import fx
 
 from advisor.graph.capture import common_module, fake, module_path
-from advisor.graph.match import Match, aten, is_op, strip_views
+from advisor.graph.match import VIEW_OPS, Match, aten, is_op, strip_views
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,37 @@ def find_merges(gm: fx.GraphModule, params: dict[str, str], gated: list[Match]) 
         outputs = {f"out{i}": lin.node for i, lin in enumerate(group)}
         site = common_module([module_path(lin.node) for lin in group])
         found.append(Match(family, "merged_linear", site, tuple(dict.fromkeys(nodes)), operands, outputs))
+    return found
+
+
+def _linear_of(node: Any, params: dict[str, str]) -> tuple[Linear, list[fx.Node]] | None:
+    """The bias-free linear whose output `node` is (through views), with those views."""
+    views = []
+    while is_op(node, *VIEW_OPS) and len(node.users) == 1:
+        views.append(node)
+        node = node.args[0]
+    lin = linear_at(node, params) if isinstance(node, fx.Node) else None
+    if lin is None or lin.bias is not None or len(node.users) != 1:
+        return None
+    return lin, views
+
+
+def find_swiglu_projections(gated: list[Match], params: dict[str, str]) -> list[Match]:
+    """act(x·W_gᵀ)·(x·W_uᵀ): a gated activation whose gate and up are bias-free linears of
+    the same activation x — one GEMM with two accumulators (kernels/linear_swiglu.py)."""
+    found = []
+    for m in gated:
+        g, u = _linear_of(m.operands["gate"], params), _linear_of(m.operands["up"], params)
+        if g is None or u is None or g[0].x is not u[0].x:
+            continue
+        tg, tu = fake(g[0].weight), fake(u[0].weight)
+        if tg is None or tu is None or tg.shape != tu.shape or tg.dtype != tu.dtype:
+            continue
+        nodes = [n for lin, views in (g, u) for n in (lin.x2d, lin.node.args[-1], lin.node, *views)]
+        operands = {"x": g[0].x, "weights": [g[0].weight, u[0].weight],
+                    "activation": m.operands["activation"]}
+        found.append(Match("gate_up_swiglu", "linear_swiglu", m.module,
+                           tuple(dict.fromkeys([*nodes, *m.nodes])), operands, dict(m.outputs)))
     return found
 
 
