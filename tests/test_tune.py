@@ -266,7 +266,7 @@ def test_kill_9_mid_trial_then_the_same_command_resumes(tiny, tmp_path):
     """The parent is killed -9 while trial 1 (the predicted-best seed, every fusion on) hangs;
     the rerun marks it FAIL (crash), retries its parameters and keeps trial 0."""
     out = tmp_path / "r.json"
-    env = {**os.environ, "ADVISOR_FAULT": "gate_up_merge:hang"}
+    env = {**os.environ, "ADVISOR_FAULT": "gate_up_swiglu:hang"}
     proc = subprocess.Popen([sys.executable, "-m", "advisor.cli", "tune", str(tiny), "--shapes", "8",
                              "--trials", "4", "--rep-ms", "10", "--device", "cpu", "--out", str(out)],
                             env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
