@@ -23,6 +23,7 @@ KERNEL_MODULES: tuple[str, ...] = (
     "advisor.kernels.bias_act",
     "advisor.kernels.rope",
     "advisor.kernels.merged_linear",
+    "advisor.kernels.attention",
     "advisor.kernels.gemm",
     "advisor.kernels.linear_swiglu",
 )

@@ -1,0 +1,590 @@
+"""Flash-attention forward for inference: RoPE on load, GQA, additive mask, causal, split-K.
+
+softmax(q·kᵀ·scale + mask [+ causal]) · v with an online softmax (running max m and sum l,
+fp32 accumulator). RoPE (both conventions of `advisor.kernels.rope`) rotates q and k as they
+are loaded: no rotated q/k is written. GQA/MQA maps q head h to kv head h // (Hq/Hkv).
+q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D) in any strides; out (B, Hq, Tq, D) contiguous. Causal
+is bottom-right (query i sees keys j <= i + Tk - Tq, as with a KV cache) and query i takes
+RoPE row i + Tk - Tq. A row with every key masked (-inf) returns 0.
+
+Prefill (Tq > 16): grid (cdiv(Tq, BLOCK_M), B·Hq); each program walks the key blocks every
+row sees whole without masks, then the diagonal/tail blocks with masks, and skips the rest.
+Decode (Tq <= 16): the Hq/Hkv q heads of a kv head share one M tile (k/v read once per kv
+head) and SPLITS programs each take a chunk of keys, writing partial (m, l, acc) to fp32
+scratch; a combine kernel returns Σ e^(m_s−M)·acc_s / Σ e^(m_s−M)·l_s.
+
+HBM bytes, E = element size, S = B·Hq·Tq·D, K = B·Hkv·Tk·D, P = B·Hq·Tq·Tk:
+    fused = (2·S + 2·K)·E + cos/sin + mask  (read q, k, v once; write out)
+    eager HF attention + apply_rotary_pos_emb ≈ 10 rope passes over q and k, repeat_kv's
+          (Hq/Hkv)·2·K copies, and P scores written and re-read by scale, mask add, fp32
+          softmax and casts (≈ 12·P·E): the P terms are what fusion removes.
+    launches: eager 19 with RoPE (rope 10, repeat_kv 2, matmul, scale, mask add, to fp32,
+          softmax, to dtype, matmul), 9 without; fused 1 (2 with SPLITS > 1).
+FLOPs (`flops`): 4·D·B·Hq per visible (query, key) pair: Tq·Tk, about half when causal.
+
+Example (CPU needs TRITON_INTERPRET=1; on CUDA it runs the compiled kernel)::
+
+    q, k, v = torch.randn(1, 8, 5, 64), torch.randn(1, 2, 5, 64), torch.randn(1, 2, 5, 64)
+    out = torch.ops.advisor.attention(q, k, v, None, None, None, True, 0.125, False, "")
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import triton
+import triton.language as tl
+
+from advisor.errors import KernelInputError
+from advisor.kernels import rope
+from advisor.kernels._triton import check, check_float, interpreting, resources, triton_can_run
+from advisor.kernels.registry import KernelSpec, register
+from advisor.kernels.space import Config, ConfigSpace, Problem, decode
+from advisor.kernels.testing import randn_nonzero
+
+DECODE_MAX_TQ = 16  # Tq at or below this takes the decode path (packed heads, split-K)
+MAX_D = 256
+
+# --------------------------------------------------------------------------- reference
+
+
+def reference(q, k, v, cos=None, sin=None, causal: bool = False, scale: float | None = None,
+              mask=None, rope: bool | None = None, interleaved: bool = False) -> torch.Tensor:
+    """softmax(q·kᵀ·scale + mask [+ causal]) · v in fp32, cast to q.dtype; rows with every
+    key masked give 0. RoPE (`rope`, default: cos given) is `advisor.kernels.rope.reference`
+    (rotated q, k rounded to q.dtype, as HF does before attention).
+
+    >>> q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8)
+    >>> reference(q, k, k, causal=True).shape
+    torch.Size([1, 4, 3, 8])
+    """
+    tq, tk = q.shape[2], k.shape[2]
+    if cos is not None if rope is None else rope:
+        # rope.reference rotates a pair; the 1-head slice is a cheap partner we discard.
+        q = _rope_ref(q, cos[..., tk - tq:, :], sin[..., tk - tq:, :], interleaved)
+        k = _rope_ref(k, cos, sin, interleaved)
+    group = q.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(group, dim=1)  # (B, Hq, Tk, D)
+    vf = v.float().repeat_interleave(group, dim=1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = q.float() @ kf.transpose(-1, -2) * scale  # (B, Hq, Tq, Tk)
+    if mask is not None:
+        s = s + mask.float()
+    if causal:
+        keep = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
+        s = s.masked_fill(~keep, float("-inf"))
+    if tk == 0:
+        return q.new_zeros(q.shape)
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(m == float("-inf"), 0.0, m)  # fully masked row: p = 0 instead of NaN
+    p = torch.exp(s - m)
+    total = p.sum(-1, keepdim=True)
+    return ((p @ vf) / torch.where(total == 0, 1.0, total)).to(q.dtype)
+
+
+def _rope_ref(x, cos, sin, interleaved):
+    return rope.reference(x, x[:, :1], cos, sin, interleaved)[0]
+
+
+def reference_op(q, k, v, cos, sin, mask, causal, scale, interleaved) -> torch.Tensor:
+    """`reference` in the custom op's argument order (the KernelSpec tuple)."""
+    return reference(q, k, v, cos, sin, causal, scale, mask, cos is not None, interleaved)
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _load_rows(base, row_off, row_ok, s_d, cos, sin, tab_off, D, R: tl.constexpr,
+               INTERLEAVED: tl.constexpr, INTERP_BF16: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A (ROWS, BLOCK_D) tile of q or k in the input dtype, rotated in fp32 and rounded once
+    when R (rotary dim; 0: no RoPE) > 0. base: pointer at (b, head); row_off (ROWS,) int64
+    row offsets; cos/sin: tables at batch b; tab_off (ROWS,) int64 offsets of the rows'
+    positions in them. R is constexpr so the rotate-half partner loads stay vectorised."""
+    d = tl.arange(0, BLOCK_D)
+    mask = row_ok[:, None] & (d < D)[None, :]
+    x = tl.load(base + row_off[:, None] + d[None, :] * s_d, mask=mask, other=0.0)
+    if R > 0:
+        rot = d < R
+        half = R // 2
+        if INTERLEAVED:
+            partner = d ^ 1
+            sign = tl.where(d % 2 == 0, -1.0, 1.0)
+        else:
+            partner = tl.where(d < half, d + half, d - half)
+            sign = tl.where(d < half, -1.0, 1.0)
+        tmask = row_ok[:, None] & rot[None, :]
+        # Pass-through dims (d >= R) load cos=1, sin=0, partner=0: y = x exactly.
+        c = tl.load(cos + tab_off[:, None] + d[None, :], mask=tmask, other=1.0)
+        s = tl.load(sin + tab_off[:, None] + d[None, :], mask=tmask, other=0.0)
+        xp = tl.load(base + row_off[:, None] + partner[None, :] * s_d, mask=tmask, other=0.0)
+        y = x.to(tl.float32) * c.to(tl.float32) + sign[None, :] * xp.to(tl.float32) * s.to(
+            tl.float32)
+        x = _cast(y, x.dtype, INTERP_BF16)
+    return x
+
+
+@triton.jit
+def _cast(x, dtype, INTERP_BF16: tl.constexpr):
+    """fp32 x -> dtype, rounding to nearest even. The interpreter's fp32 -> bf16 cast
+    truncates (INTERP_BF16 only): round the bits first, as the GPU's cvt.rn does."""
+    if INTERP_BF16:
+        bits = x.to(tl.uint32, bitcast=True)
+        x = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16).to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _dot(a, b, INTERP_BF16: tl.constexpr):
+    """a @ b with fp32 accumulation. fp32 inputs use 3xTF32 (≈ fp32 accuracy on tensor
+    cores; plain tf32 misses fp32 tolerances, "ieee" falls back to FMAs and spills ~7 KB).
+    INTERP_BF16: upcast first (the interpreter's tl.dot multiplies bf16 bit patterns)."""
+    if INTERP_BF16:
+        a, b = a.to(tl.float32), b.to(tl.float32)
+    if a.dtype == tl.float32:
+        out = tl.dot(a, b, input_precision="tf32x3")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
+def _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, mask_base, mask_rows, i, row_ok,
+            lo, hi, off, sm_scale, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j, D, R: tl.constexpr,
+            CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, INTERLEAVED: tl.constexpr,
+            MASKED: tl.constexpr, INTERP_BF16: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Online-softmax update over keys [lo, hi) in BLOCK_N steps. MASKED: apply the key
+    bound (hi) and the causal diagonal; unmasked calls cover blocks every row sees whole."""
+    d = tl.arange(0, BLOCK_D)
+    for start in range(lo, hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
+        n_ok = n < hi
+        n64 = n.to(tl.int64)
+        k = _load_rows(k_base, n64 * sk_t, n_ok, sk_d, cos, sin, n64 * sc_t, D, R,
+                       INTERLEAVED, INTERP_BF16, BLOCK_D)  # (BLOCK_N, BLOCK_D)
+        v = tl.load(v_base + n64[:, None] * sv_t + d[None, :] * sv_d,
+                    mask=n_ok[:, None] & (d < D)[None, :], other=0.0)
+        s = _dot(q, tl.trans(k), INTERP_BF16) * sm_scale  # (BLOCK_M, BLOCK_N) fp32
+        if HAS_MASK:
+            s += tl.load(mask_base + mask_rows[:, None] + n64[None, :] * sm_j,
+                         mask=row_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+        if MASKED:
+            valid = n_ok[None, :]
+            if CAUSAL:
+                valid = valid & (n[None, :] <= i[:, None] + off)
+            s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: p = 0
+        alpha = tl.exp(m_i - m_use)
+        p = tl.exp(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # P·V runs in the input dtype (tensor cores), as in FlashAttention.
+        acc = acc * alpha[:, None] + _dot(_cast(p, v.dtype, INTERP_BF16), v, INTERP_BF16)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _key_range(r0, lo, CHUNK, ROWS, TQ, TK, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """Keys of a split [lo, lo + CHUNK) for tile rows [r0, r0 + BLOCK_M) as (lo, full, hi):
+    [lo, full) whole blocks every row sees unmasked, [full, hi) blocks needing masks; keys
+    past hi are masked for every row (causal) and skipped."""
+    hi = tl.minimum(lo + CHUNK, TK)
+    full = hi
+    if CAUSAL:  # query positions of the tile: [i_lo, i_hi] (all of them across heads)
+        r1 = tl.minimum(r0 + BLOCK_M, ROWS) - 1
+        one_head = r0 // TQ == r1 // TQ
+        i_lo = tl.where(one_head, r0 % TQ, 0)
+        i_hi = tl.where(one_head, r1 % TQ, TQ - 1)
+        hi = tl.minimum(hi, i_hi + TK - TQ + 1)
+        full = tl.minimum(hi, i_lo + TK - TQ + 1)
+    return lo, lo + tl.maximum(full - lo, 0) // BLOCK_N * BLOCK_N, hi
+
+
+@triton.jit
+def _attn_kernel(
+    Q, K, V,  # (B, Hq, Tq, D), (B, Hkv, Tk, D), (B, Hkv, Tk, D); any strides
+    COS, SIN,  # (Bc, Tk, R) contiguous tables (read iff R > 0)
+    MASK,  # additive mask as a (B, Hq, Tq, Tk) view, stride 0 on broadcast dims (iff HAS_MASK)
+    OUT,  # SPLIT: fp32 partial acc (SPLITS, B, Hq, Tq, D); else out (B, Hq, Tq, D) contiguous
+    M_PART, L_PART,  # SPLIT: fp32 (SPLITS, B, Hq, Tq) running max / sum per row
+    TQ, TK, HQ, D, N_ROWS,  # N_ROWS = B·Hq·Tq, rows of out
+    GROUP, PACK,  # Hq/Hkv; q heads per program (1 prefill, GROUP decode)
+    CHUNK, sm_scale,  # keys per split (multiple of BLOCK_N); softmax scale
+    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
+    sc_b, sc_t, sm_b, sm_h, sm_i, sm_j,  # table strides (R contiguous); mask strides
+    R: tl.constexpr,  # rotary dim (<= D, even); 0: no RoPE
+    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, INTERLEAVED: tl.constexpr,
+    SPLIT: tl.constexpr, INTERP_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # grid = (cdiv(PACK·Tq, BLOCK_M), B·Hq/PACK, SPLITS); row r of the program's tile is
+    # query i = r % Tq of q head h0 + r // Tq.
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    split = tl.program_id(2)
+    b = (pid_bh // (HQ // PACK)).to(tl.int64)
+    h0 = (pid_bh % (HQ // PACK)) * PACK
+    kvh = (h0 // GROUP).to(tl.int64)
+    r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = r < PACK * TQ
+    head = (h0 + r // TQ).to(tl.int64)
+    i = r % TQ  # (BLOCK_M,) query positions
+    i64 = i.to(tl.int64)
+    off = TK - TQ
+    cos = COS + b * sc_b
+    sin = SIN + b * sc_b
+    q = _load_rows(Q + b * sq_b, head * sq_h + i64 * sq_t, row_ok, sq_d, cos, sin,
+                   (i64 + off) * sc_t, D, R, INTERLEAVED, INTERP_BF16, BLOCK_D)
+    lo, full, hi = _key_range(pid_m * BLOCK_M, split * CHUNK, CHUNK, PACK * TQ, TQ, TK,
+                              CAUSAL, BLOCK_M, BLOCK_N)
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    k_base = K + b * sk_b + kvh * sk_h
+    v_base = V + b * sv_b + kvh * sv_h
+    mask_rows = b * sm_b + head * sm_h + i64 * sm_i
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, MASK, mask_rows, i,
+                            row_ok, lo, full, off, sm_scale, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j,
+                            D, R, CAUSAL, HAS_MASK, INTERLEAVED, False, INTERP_BF16,
+                            BLOCK_N, BLOCK_D)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, MASK, mask_rows, i,
+                            row_ok, full, hi, off, sm_scale, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j,
+                            D, R, CAUSAL, HAS_MASK, INTERLEAVED, True, INTERP_BF16,
+                            BLOCK_N, BLOCK_D)
+
+    d = tl.arange(0, BLOCK_D)
+    orow = (b * HQ + head) * TQ + i64  # (BLOCK_M,) row of out
+    omask = row_ok[:, None] & (d < D)[None, :]
+    if SPLIT:
+        prow = split.to(tl.int64) * N_ROWS + orow
+        tl.store(M_PART + prow, m_i, mask=row_ok)
+        tl.store(L_PART + prow, l_i, mask=row_ok)
+        tl.store(OUT + prow[:, None] * D + d[None, :], acc, mask=omask)
+    else:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # fully masked rows: 0
+        out = _cast(out, OUT.dtype.element_ty, INTERP_BF16)
+        tl.store(OUT + orow[:, None] * D + d[None, :], out, mask=omask)
+
+
+@triton.jit
+def _combine_kernel(ACC, M_PART, L_PART, OUT, N_ROWS, D, SPLITS, INTERP_BF16: tl.constexpr,
+                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per out row: merge SPLITS partial (m, l, acc) (scratch as above)."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < SPLITS
+    prow = s.to(tl.int64) * N_ROWS + row  # (BLOCK_S,)
+    m = tl.load(M_PART + prow, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(L_PART + prow, mask=s_ok, other=0.0)
+    m_max = tl.max(m, 0)
+    w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # empty splits: 0
+    denom = tl.sum(w * l_s, 0)
+    d = tl.arange(0, BLOCK_D)
+    acc = tl.load(ACC + prow[:, None] * D + d[None, :], mask=s_ok[:, None] & (d < D)[None, :],
+                  other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(denom == 0.0, 1.0, denom)
+    tl.store(OUT + row * D + d, _cast(out, OUT.dtype.element_ty, INTERP_BF16), mask=d < D)
+
+
+# --------------------------------------------------------------------------- config space
+
+_ELT = {"torch.float32": 4, "torch.float16": 2, "torch.bfloat16": 2}
+SMEM_LIMIT = 200 * 1024  # bytes; H200 has 227 KB per SM, the rest is left to the compiler
+MAX_ACC_PER_THREAD = 64  # fp32 accumulator values (BLOCK_M·BLOCK_D) per thread
+_TARGET_PROGRAMS = 128  # default SPLITS aims at about one wave (~SM count of an H100/H200)
+
+
+def _block_d(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))  # tl.dot needs K >= 16
+
+
+def _rows(p: Problem) -> int:
+    """Rows of the M tile space per program group: Tq (prefill) or Hq/Hkv·Tq (decode)."""
+    return p["tq"] * (p["hq"] // p["hkv"] if p["tq"] <= DECODE_MAX_TQ else 1)
+
+
+def _smem(cfg: Config, p: Problem) -> int:
+    bd = _block_d(p["d"])
+    return (cfg["BLOCK_N"] * bd * 2 * cfg["num_stages"] + cfg["BLOCK_M"] * bd) * _ELT.get(p["dtype"], 4)
+
+
+def _keep(cfg: Config, p: Problem) -> bool:
+    """Drop tiles that cannot fit (shared memory, accumulator registers), that only waste
+    (wider than the problem, 8 warps on a small score tile) or that lose at this size
+    (small tiles at long sequences), and split-K off the decode path or past the blocks."""
+    bm, bn, w, splits = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"], cfg["SPLITS"]
+    rows, tk = triton.next_power_of_2(max(_rows(p), 1)), triton.next_power_of_2(max(p["tk"], 1))
+    return (
+        min(64, rows // 4) <= bm <= max(16, rows)  # small M tiles re-read k/v; big ones idle
+        and min(64, tk // 4) <= bn <= max(16, tk)
+        and bn * 4 >= bm
+        and _smem(cfg, p) <= SMEM_LIMIT
+        and bm * _block_d(p["d"]) <= MAX_ACC_PER_THREAD * 32 * w
+        and (w == 4 or bm * bn >= 2048)  # 8 warps on a smaller score tile leave lanes idle
+        and (splits == 1 or (p["tq"] <= DECODE_MAX_TQ and splits <= triton.cdiv(p["tk"], bn)))
+    )
+
+
+def _default(p: Problem) -> Config:
+    bd = _block_d(p["d"])
+    bm = min(128, max(16, triton.next_power_of_2(max(_rows(p), 1))),
+             MAX_ACC_PER_THREAD * 32 * 8 // bd)
+    bn = min(64, max(16, triton.next_power_of_2(max(p["tk"], 1))))
+    # 8 warps once the accumulator needs them or at BLOCK_M=128 (4 spill there at D=64).
+    w = 8 if (bm * bd > MAX_ACC_PER_THREAD * 32 * 4 or bm >= 128) and bm * bn >= 2048 else 4
+    bm = min(bm, MAX_ACC_PER_THREAD * 32 * w // bd)
+    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": 3, "SPLITS": 1}
+    while cfg["num_stages"] > 1 and _smem(cfg, p) > SMEM_LIMIT:
+        cfg["num_stages"] -= 1
+    if p["tq"] <= DECODE_MAX_TQ:  # split the keys until ~one wave of programs
+        programs = p["batch"] * p["hkv"] * triton.cdiv(_rows(p), bm)
+        blocks = triton.cdiv(p["tk"], bn)
+        while (cfg["SPLITS"] < 16 and 2 * cfg["SPLITS"] * programs <= _TARGET_PROGRAMS
+               and 2 * cfg["SPLITS"] * 4 <= blocks):  # >= 4 key blocks per split
+            cfg["SPLITS"] *= 2
+    return cfg
+
+
+SPACE = ConfigSpace(
+    axes={"BLOCK_M": (16, 32, 64, 128), "BLOCK_N": (16, 32, 64, 128), "num_warps": (4, 8),
+          "num_stages": (1, 2, 3), "SPLITS": (1, 2, 4, 8, 16)},
+    default=_default,
+    keep=_keep,
+)
+
+
+def problem(q, k, v, cos=None, sin=None, mask=None, causal=False, scale=None,
+            interleaved=False) -> Problem:
+    """Shape facts for `SPACE` (custom-op argument order, as the KernelSpec tuple)."""
+    b, hq, tq, d = q.shape
+    return {"dtype": str(q.dtype), "batch": b, "hq": hq, "hkv": max(k.shape[1], 1), "tq": tq,
+            "tk": k.shape[2], "d": d, "causal": int(bool(causal)), "rope": int(cos is not None),
+            "mask": int(mask is not None)}
+
+
+# --------------------------------------------------------------------------- launcher
+
+
+def _check_qkv(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check(t.dim() == 4, f"{name} must be (B, H, T, D); got {tuple(t.shape)}")
+        check_float(name, t)
+        check(t.dtype == q.dtype and t.device == q.device,
+              f"{name}: {t.dtype} on {t.device}, q: {q.dtype} on {q.device}")
+    b, hq, _, d = q.shape
+    check(k.shape == v.shape, f"k {tuple(k.shape)} != v {tuple(v.shape)}")
+    check(k.shape[0] == b and k.shape[3] == d, f"k {tuple(k.shape)} does not match q "
+          f"{tuple(q.shape)} in B, D")
+    check(k.shape[1] >= 1 and hq % k.shape[1] == 0, f"Hq={hq} is not a multiple of Hkv={k.shape[1]}")
+    check(d <= MAX_D, f"head dim {d} > {MAX_D}")
+
+
+def _tables(q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin (Tk, R), (B|1, Tk, R) or (B|1, 1, Tk, R) -> contiguous (Bc, Tk, R)."""
+    check(sin is not None and cos.shape == sin.shape, "cos and sin must have one shape")
+    check_float("cos", cos)
+    check_float("sin", sin)
+    check(2 <= cos.dim() <= 4 and (cos.dim() < 4 or cos.shape[1] == 1),
+          f"cos/sin must be (T,R), (B|1,T,R) or (B|1,1,T,R); got {tuple(cos.shape)}")
+    b, tq, d = q.shape[0], q.shape[2], q.shape[3]
+    c, s = (t.select(1, 0) if t.dim() == 4 else t for t in (cos, sin))
+    c, s = (t.unsqueeze(0) if t.dim() == 2 else t for t in (c, s))
+    check(c.shape[0] in (1, b) and c.shape[1] == k.shape[2],
+          f"cos/sin {tuple(cos.shape)} do not broadcast to (B={b}, Tk={k.shape[2]}, R)")
+    check(c.shape[2] % 2 == 0 and c.shape[2] <= d, f"rotary dim {c.shape[2]} must be even, <= D")
+    check(tq <= k.shape[2], "RoPE needs Tq <= Tk (query i sits at position i + Tk - Tq)")
+    check(c.device == q.device and s.device == q.device, "cos/sin on another device than q")
+    return c.contiguous(), s.contiguous()
+
+
+def _mask4(q, k, mask) -> torch.Tensor:
+    """The additive mask as a (B, Hq, Tq, Tk) view (stride 0 where it broadcasts)."""
+    check_float("mask", mask)
+    check(mask.device == q.device and mask.dim() <= 4, "mask: <= 4 dims, on q's device")
+    b, hq, tq, _ = q.shape
+    try:
+        return mask.expand(b, hq, tq, k.shape[2])
+    except RuntimeError:
+        raise KernelInputError(f"mask {tuple(mask.shape)} does not broadcast to "
+                               f"{(b, hq, tq, k.shape[2])}") from None
+
+
+def _config(p: Problem, config: Mapping[str, int] | None) -> Config:
+    if not config:
+        return SPACE.default(p)
+    try:
+        return SPACE.validate(config, p)
+    except ValueError as e:
+        raise KernelInputError(f"config: {e}") from None
+
+
+def _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config):
+    """Check everything; return (config, (cos, sin) as (Bc, Tk, R) or None, mask view or None)."""
+    _check_qkv(q, k, v)
+    tables = _tables(q, k, cos, sin) if cos is not None else None
+    m4 = _mask4(q, k, mask) if mask is not None else None
+    p = problem(q, k, v, cos, sin, mask, causal, scale, interleaved)
+    return _config(p, config), tables, m4
+
+
+def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=False):
+    """Launch (or only compile: `warmup`) on checked inputs. Returns (out, compiled)."""
+    b, hq, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, Hq, Tq, D)
+    if out.numel() == 0 or tk == 0:
+        return out.zero_(), None  # no keys: every row is fully masked
+    c, s = tables if tables is not None else (q, q)  # dummies, never read
+    rot = c.shape[2] if tables is not None else 0
+    mask_strides = m4.stride() if m4 is not None else (0, 0, 0, 0)
+    pack = hq // hkv if tq <= DECODE_MAX_TQ else 1
+    splits, bn = cfg["SPLITS"], cfg["BLOCK_N"]
+    grid = (triton.cdiv(pack * tq, cfg["BLOCK_M"]), b * hq // pack, splits)
+    acc, ml = out, out.new_empty((2, 1), dtype=torch.float32)  # unsplit: out, dummies
+    if splits > 1:  # fp32 scratch: partial acc and (m, l) of every split and out row
+        acc = torch.empty((splits, b, hq, tq, d), dtype=torch.float32, device=q.device)
+        ml = torch.empty((2, splits, b, hq, tq), dtype=torch.float32, device=q.device)
+    args = (q, k, v, c, s, m4 if m4 is not None else q, acc, ml[0], ml[1],
+            tq, tk, hq, d, b * hq * tq, hq // hkv, pack,
+            triton.cdiv(triton.cdiv(tk, splits), bn) * bn,  # keys per split, whole blocks
+            float(d ** -0.5 if scale is None else scale),
+            *q.stride(), *k.stride(), *v.stride(),
+            0 if c.shape[0] == 1 else c.stride(0), c.stride(1), *mask_strides)
+    meta = {"R": rot, "CAUSAL": bool(causal), "HAS_MASK": m4 is not None,
+            "INTERLEAVED": bool(interleaved) and rot > 0, "SPLIT": splits > 1,
+            "INTERP_BF16": interpreting() and q.dtype == torch.bfloat16,
+            "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": bn, "BLOCK_D": _block_d(d),
+            "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    if warmup:
+        return out, _attn_kernel.warmup(*args, grid=grid, **meta)
+    compiled = _attn_kernel[grid](*args, **meta)
+    if splits > 1:
+        _combine_kernel[(b * hq * tq,)](
+            acc, ml[0], ml[1], out, b * hq * tq, d, splits, INTERP_BF16=meta["INTERP_BF16"],
+            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=_block_d(d),
+            num_warps=max(1, min(4, triton.next_power_of_2(splits) * _block_d(d) // 512)))
+    return out, compiled
+
+
+def launch_attention(q, k, v, cos=None, sin=None, mask=None, causal: bool = False,
+                     scale: float | None = None, interleaved: bool = False,
+                     config: Mapping[str, int] | None = None) -> torch.Tensor:
+    """Attention of q (B, Hq, Tq, D) over k, v (B, Hkv, Tk, D); RoPE iff cos is given.
+    Returns a new contiguous (B, Hq, Tq, D) tensor (`reference_op` semantics)."""
+    cfg, tables, m4 = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config)
+    return _run(q, k, v, tables, m4, causal, scale, interleaved, cfg)[0]
+
+
+def spills_attention(q, k, v, cos=None, sin=None, mask=None, causal=False, scale=None,
+                     interleaved=False, config=None) -> int | None:
+    """Register spills of the compiled attention kernel; None under the interpreter or off
+    CUDA (the combine kernel is tiny and not reported)."""
+    cfg, tables, m4 = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config)
+    if interpreting() or q.device.type != "cuda" or q.numel() == 0 or k.shape[2] == 0:
+        return None
+    res = resources(_run(q, k, v, tables, m4, causal, scale, interleaved, cfg, True)[1])
+    return None if res is None else res.n_spills
+
+
+def flops(q, k, *_, causal: bool = False) -> int:
+    """Matmul FLOPs: 4·B·Hq·D per visible (query, key) pair (2 for q·kᵀ, 2 for P·v)."""
+    b, hq, tq, d = q.shape
+    tk = k.shape[2]
+    pairs = (sum(min(max(i + tk - tq + 1, 0), tk) for i in range(tq)) if causal
+             else tq * tk)
+    return 4 * b * hq * d * pairs
+
+
+# --------------------------------------------------------------------------- custom op
+
+
+@torch.library.custom_op(
+    "advisor::attention", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor? cos, Tensor? sin, Tensor? mask, bool causal, "
+           "float scale, bool interleaved, str config) -> Tensor")
+def attention(q, k, v, cos, sin, mask, causal, scale, interleaved, config):
+    if triton_can_run(q) and q.dim() == 4 and q.shape[-1] <= MAX_D:
+        return launch_attention(q, k, v, cos, sin, mask, causal, scale, interleaved,
+                                decode(config) or None)
+    return reference_op(q, k, v, cos, sin, mask, causal, scale, interleaved).contiguous()
+
+
+attention.register_fake(lambda q, k, v, cos, sin, mask, causal, scale, interleaved, config:
+                        q.new_empty(q.shape))
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def make_inputs(dims, dtype, device, generator) -> tuple:
+    """(q, k, v, cos, sin, mask, causal, scale, interleaved): q/k/v are HF-style transposed
+    (B, T, H, D) views; `mask` adds a left-padding mask (batch row b masks its first 2·b
+    keys with -inf, so early rows of later batches are fully masked when causal)."""
+    b, hq, hkv, tq, tk, d = (dims[n] for n in ("batch", "hq", "hkv", "tq", "tk", "d"))
+
+    def rand(h, t):
+        return randn_nonzero((b, t, h, d), dtype, device, generator).transpose(1, 2)
+
+    q, k, v = rand(hq, tq), rand(hkv, tk), rand(hkv, tk)
+    inter = bool(dims.get("interleaved", 0))
+    cos = sin = mask = None
+    if dims.get("rope", 0):
+        cos, sin = rope.rope_tables(torch.arange(tk, device=device), dims.get("r", d), inter,
+                                    dtype)
+    if dims.get("mask", 0):
+        pad = (2 * torch.arange(b, device=device))[:, None, None, None]  # (B, 1, 1, 1)
+        keys = torch.arange(tk, device=device)[None, None, None, :]
+        mask = torch.zeros((b, 1, tq, tk), dtype=dtype, device=device).masked_fill(
+            keys < pad, float("-inf"))
+    return q, k, v, cos, sin, mask, bool(dims.get("causal", 0)), d ** -0.5, inter
+
+
+def _unique_bytes(t: torch.Tensor | None) -> int:
+    """Bytes of the distinct elements of a (possibly broadcast) tensor."""
+    if t is None:
+        return 0
+    return math.prod(n for n, st in zip(t.shape, t.stride()) if st != 0) * t.element_size()
+
+
+def bytes_moved(q, k, v, cos=None, sin=None, mask=None, causal=False, scale=None,
+                interleaved=False) -> int:
+    """Read q, k, v, cos, sin, mask once; write out (B, Hq, Tq, D)."""
+    tables = _unique_bytes(cos) + _unique_bytes(sin)
+    return 2 * _unique_bytes(q) + _unique_bytes(k) + _unique_bytes(v) + tables + _unique_bytes(
+        mask)
+
+
+def _bench_dims(tokens: int) -> dict[str, int]:
+    """Llama-3-8B prefill, causal with RoPE; flops(*inputs, causal=True) ≈ 2·Hq·T²·D."""
+    return {"batch": 1, "hq": 32, "hkv": 8, "d": 128, "tq": tokens, "tk": tokens,
+            "causal": 1, "rope": 1}
+
+
+def _bench_decode_dims(tokens: int) -> dict[str, int]:
+    """One new token over a `tokens`-long cache; no RoPE (cached keys are already rotated by
+    rope_qk_cache); flops = 4·Hq·tokens·D."""
+    return {"batch": 1, "hq": 32, "hkv": 8, "d": 128, "tq": 1, "tk": tokens, "causal": 1}
+
+
+register(KernelSpec(
+    name="attention", reference=reference_op, launch=launch_attention, space=SPACE,
+    make_inputs=make_inputs, problem=problem, bytes_moved=bytes_moved,
+    spills=spills_attention, bench_dims=_bench_dims, unfused_launches=19,
+    test_dims=({"batch": 2, "hq": 4, "hkv": 2, "tq": 19, "tk": 19, "d": 32, "causal": 1,
+                "rope": 1, "mask": 1},
+               {"batch": 1, "hq": 3, "hkv": 1, "tq": 21, "tk": 26, "d": 16, "r": 8,
+                "rope": 1, "interleaved": 1}),
+))
+register(KernelSpec(
+    name="attention_decode", reference=reference_op, launch=launch_attention, space=SPACE,
+    make_inputs=make_inputs, problem=problem, bytes_moved=bytes_moved,
+    spills=spills_attention, bench_dims=_bench_decode_dims, unfused_launches=9,
+    test_dims=({"batch": 2, "hq": 4, "hkv": 2, "tq": 1, "tk": 37, "d": 32, "causal": 1},
+               {"batch": 1, "hq": 3, "hkv": 1, "tq": 3, "tk": 29, "d": 16, "rope": 1,
+                "mask": 1}),
+))

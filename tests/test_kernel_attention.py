@@ -1,0 +1,250 @@
+"""attention / attention_decode: Triton (interpreter) vs the eager reference, and the reference
+vs torch's scaled_dot_product_attention. Sizes stay tiny (Tq, Tk <= 40; decode Tk <= 64)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from advisor.errors import KernelInputError
+from advisor.kernels import attention as attn
+from advisor.kernels import registry, rope
+from advisor.kernels.testing import assert_close, randn_nonzero
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+CPU = torch.device("cpu")
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _qkv(b, hq, hkv, tq, tk, d, dtype, gen, transposed=True):
+    """q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D): views of HF's (B, T, H, D), or contiguous."""
+    def rand(h, t):
+        if transposed:
+            return randn_nonzero((b, t, h, d), dtype, CPU, gen).transpose(1, 2)
+        return randn_nonzero((b, h, t, d), dtype, CPU, gen)
+    return rand(hq, tq), rand(hkv, tk), rand(hkv, tk)
+
+
+def _cfg(bm, bn, splits=1, w=4, stages=2):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": stages, "SPLITS": splits}
+
+
+def _check(q, k, v, cos=None, sin=None, mask=None, causal=False, interleaved=False,
+           config=None, scale=None):
+    out = attn.launch_attention(q, k, v, cos, sin, mask, causal, scale, interleaved, config)
+    ref = attn.reference(q, k, v, cos, sin, causal, scale, mask, None, interleaved)
+    assert out.is_contiguous() and out.dtype == q.dtype and out.shape == q.shape
+    assert_close(out, ref)
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_prefill_gqa_strided(dtype, causal):
+    # Tq = Tk = 33: partial last M and N blocks; GQA 4:2; q/k/v transposed views.
+    q, k, v = _qkv(2, 4, 2, 33, 33, 32, dtype, _gen(1))
+    for cfg in (_cfg(16, 16, stages=1), _cfg(64, 32, w=8)):
+        _check(q, k, v, causal=causal, config=cfg, scale=0.3)
+
+
+@pytest.mark.parametrize("tq, tk", [(20, 37), (24, 17)])
+def test_causal_bottom_right(tq, tk):
+    # Query i sees keys <= i + Tk - Tq. With Tq > Tk the first Tq - Tk rows see nothing: 0.
+    q, k, v = _qkv(1, 2, 1, tq, tk, 16, torch.float32, _gen(2), transposed=False)
+    for cfg in (_cfg(16, 16), _cfg(32, 32)):
+        out = _check(q, k, v, causal=True, config=cfg)
+        if tq > tk:
+            assert torch.equal(out[:, :, : tq - tk], torch.zeros_like(out[:, :, : tq - tk]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_additive_mask_broadcast_forms(dtype):
+    gen = _gen(3)
+    b, hq, tq, tk = 2, 4, 17, 23
+    q, k, v = _qkv(b, hq, 2, tq, tk, 32, dtype, gen)
+    full = randn_nonzero((b, hq, tk, tq), torch.float32, CPU, gen).transpose(-1, -2)  # strided
+    for mask in (full[:, :1].to(dtype), full[:1], full[0, 0].to(torch.bfloat16), full):
+        _check(q, k, v, mask=mask, config=_cfg(16, 16))
+    _check(q, k, v, mask=full[:, :1], causal=True, config=_cfg(32, 32))
+
+
+def test_padding_mask_fully_masked_rows_are_zero():
+    # Left padding of 0 and 12 keys with -inf; causal => rows 0..11 of batch 1 see no key.
+    gen = _gen(4)
+    b, tq, tk = 2, 19, 19
+    q, k, v = _qkv(b, 4, 2, tq, tk, 32, torch.bfloat16, gen)
+    pad = torch.tensor([0, 12])[:, None, None, None]
+    mask = torch.zeros(b, 1, tq, tk).masked_fill(torch.arange(tk) < pad, float("-inf"))
+    for cfg in (_cfg(16, 16), _cfg(32, 16, splits=1)):
+        out = _check(q, k, v, mask=mask, causal=True, config=cfg)
+        assert torch.equal(out[1, :, :12], torch.zeros_like(out[1, :, :12]))
+        assert (out[1, :, 12:] != 0).any() and not out.isnan().any()
+    # HF-style finite min instead of -inf: fully masked rows average v, like eager softmax.
+    _check(q, k, v, mask=mask.clamp(min=torch.finfo(torch.bfloat16).min), causal=True,
+           config=_cfg(16, 16))
+
+
+@pytest.mark.parametrize("hq, hkv", [(6, 2), (3, 1), (2, 2)])
+def test_gqa_mqa_heads(hq, hkv):
+    gen = _gen(5)
+    q, k, v = _qkv(1, hq, hkv, 18, 18, 16, torch.float16, gen)
+    _check(q, k, v, causal=True, config=_cfg(16, 16))
+    q1 = randn_nonzero((1, 1, hq, 16), torch.float16, CPU, gen).transpose(1, 2)  # decode
+    _check(q1, k, v, causal=True, config=_cfg(16, 16, splits=1))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_on_load(interleaved, dtype):
+    gen = _gen(6)
+    b, tq, tk, d = 2, 13, 21, 32
+    q, k, v = _qkv(b, 4, 2, tq, tk, d, dtype, gen)
+    # Random tables (not real angles) catch cos[d] / cos[partner] mix-ups; R=24 < D partial.
+    # Scaled so c² + s² ≈ 1 like real angles (bigger q·k turns bf16 rounding into 2e-2).
+    cos, sin = (randn_nonzero((b, tk, 24), dtype, CPU, gen, scale=0.7) for _ in range(2))
+    for cfg in (_cfg(16, 16), _cfg(16, 32)):
+        _check(q, k, v, cos, sin, causal=True, interleaved=interleaved, config=cfg)
+    c1, s1 = rope.rope_tables(torch.arange(tk), d, interleaved, dtype)  # (1, Tk, D)
+    for cos, sin in ((c1, s1), (c1[0], s1[0]), (c1[:, None], s1[:, None])):
+        _check(q, k, v, cos, sin, interleaved=interleaved, config=_cfg(16, 16))
+
+
+def test_reference_rope_is_rope_reference():
+    gen = _gen(7)
+    q, k, v = _qkv(1, 4, 2, 9, 9, 16, torch.bfloat16, gen)
+    cos, sin = rope.rope_tables(torch.arange(9), 16, False, torch.bfloat16)
+    qr, kr = rope.reference(q, k, cos, sin, False)
+    assert torch.equal(attn.reference(q, k, v, cos, sin, True),
+                       attn.reference(qr, kr, v, causal=True))
+    assert torch.equal(attn.reference(q, k, v, cos, sin, True, rope=False),
+                       attn.reference(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits", [1, 4])
+def test_decode_split_k(dtype, splits):
+    gen = _gen(8)
+    tk = 64  # 4 key blocks of 16: one per split
+    for tq, use_rope, use_mask in ((1, False, False), (3, True, True)):
+        q, k, v = _qkv(2, 4, 2, tq, tk, 32, dtype, gen)
+        cos, sin = rope.rope_tables(torch.arange(tk), 32, False, dtype) if use_rope else (None,
+                                                                                          None)
+        mask = randn_nonzero((2, 1, tq, tk), dtype, CPU, gen) if use_mask else None
+        for bn in (16, 32):
+            if splits * bn <= tk:
+                _check(q, k, v, cos, sin, mask, causal=True, config=_cfg(16, bn, splits))
+
+
+def test_decode_empty_splits():
+    # A config the space drops (SPLITS 8 > key blocks) still computes right: empty splits
+    # leave (m, l) = (-inf, 0) and get weight 0 in the combine.
+    q, k, v = _qkv(1, 3, 1, 2, 20, 16, torch.float32, _gen(9))
+    cfg, tables, m4 = attn._prepare(q, k, v, None, None, None, True, None, False, None)
+    out, _ = attn._run(q, k, v, tables, m4, True, None, False, _cfg(16, 16, splits=8))
+    assert_close(out, attn.reference(q, k, v, causal=True))
+
+
+def test_reference_matches_sdpa():
+    gen = _gen(10)
+    q, k, v = _qkv(2, 4, 2, 11, 11, 16, torch.float32, gen)
+    kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    assert_close(attn.reference(q, k, v, causal=True),
+                 F.scaled_dot_product_attention(q, kr, vr, is_causal=True))
+    mask = randn_nonzero((2, 1, 11, 11), torch.float32, CPU, gen)
+    assert_close(attn.reference(q, k, v, mask=mask, scale=0.2),
+                 F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask, scale=0.2))
+
+
+def test_custom_op_and_compile(monkeypatch):
+    calls = []
+    launch = attn.launch_attention
+    monkeypatch.setattr(attn, "launch_attention", lambda *a: calls.append(a[-1]) or launch(*a))
+    gen = _gen(11)
+    q, k, v = _qkv(1, 4, 2, 17, 17, 16, torch.bfloat16, gen)
+    cos, sin = rope.rope_tables(torch.arange(17), 16, True, torch.bfloat16)
+    mask = randn_nonzero((1, 1, 17, 17), torch.bfloat16, CPU, gen)
+    out = torch.ops.advisor.attention(q, k, v, None, None, None, True, 0.25, False, "")
+    assert_close(out, attn.reference(q, k, v, causal=True, scale=0.25))
+    cfg = "BLOCK_M=32,BLOCK_N=16,SPLITS=1,num_stages=2,num_warps=4"
+    fn = torch.compile(lambda *a: torch.ops.advisor.attention(*a, False, 0.25, True, cfg),
+                       backend="eager", fullgraph=True)
+    assert_close(fn(q, k, v, cos, sin, mask),
+                 attn.reference(q, k, v, cos, sin, False, 0.25, mask, True, True))
+    assert calls == [None, _cfg(32, 16)]  # Triton ran both times
+
+
+def test_rejects_bad_input():
+    gen = _gen(12)
+    q, k, v = _qkv(1, 4, 2, 5, 7, 16, torch.float32, gen)
+    cos, sin = rope.rope_tables(torch.arange(7), 16, False, torch.float32)
+    bad = [
+        dict(q=q.to(torch.int32)), dict(k=k.half()), dict(v=v[:, :, :6]),  # dtype, shapes
+        dict(k=k[:, :1].expand(1, 3, 7, 16), v=v[:, :1].expand(1, 3, 7, 16)),  # 4 % 3
+        dict(k=k[..., :8], v=v[..., :8]), dict(q=q[0]),  # D mismatch, 3-D q
+        dict(mask=torch.zeros(1, 4, 5, 6)), dict(mask=torch.zeros(5, 7, dtype=torch.int32)),
+        dict(cos=cos[:, :6], sin=sin[:, :6]), dict(cos=cos, sin=sin[..., :8]),
+        dict(q=randn_nonzero((1, 4, 8, 16), torch.float32, CPU, gen), cos=cos, sin=sin),
+        dict(config=_cfg(16, 16, splits=2)),  # more splits than key blocks
+        dict(config={"BLOCK_M": 16}),
+    ]
+    base = dict(q=q, k=k, v=v, cos=None, sin=None, mask=None, config=None)
+    for change in bad:
+        args = base | change
+        with pytest.raises(KernelInputError):
+            attn.launch_attention(args["q"], args["k"], args["v"], args["cos"], args["sin"],
+                                  args["mask"], False, None, False, args["config"])
+    wide = torch.zeros(1, 1, 2, 264)
+    with pytest.raises(KernelInputError, match="head dim"):
+        attn.launch_attention(wide, wide, wide)
+    assert torch.ops.advisor.attention(wide, wide, wide, None, None, None, False, 1.0, False,
+                                       "").shape == wide.shape  # falls back to the reference
+
+
+def test_empty():
+    q, k = torch.empty(2, 4, 0, 16), torch.empty(2, 2, 5, 16)
+    assert attn.launch_attention(q, k, k).shape == q.shape
+    q, k = torch.randn(1, 2, 3, 16), torch.empty(1, 1, 0, 16)
+    assert torch.equal(attn.launch_attention(q, k, k), torch.zeros_like(q))
+    assert torch.equal(attn.reference(q, k, k), torch.zeros_like(q))
+
+
+def test_space():
+    for name in ("attention", "attention_decode"):
+        spec = registry.get(name)
+        for tokens in (1, 16, 128, 4096, 32768):
+            for d in (64, 128, 256):
+                dims = {**spec.bench_dims(tokens), "d": d}
+                inputs = [torch.empty(dims["batch"], h, t, d, device="meta")
+                          for h, t in ((dims["hq"], dims["tq"]), (dims["hkv"], dims["tk"]))]
+                p = attn.problem(inputs[0], inputs[1], inputs[1])
+                cfgs = spec.space.configs(p)
+                assert 1 <= len(cfgs) <= 51 and spec.space.default(p) in cfgs, (name, tokens, d)
+                assert all(c["SPLITS"] == 1 for c in cfgs) or dims["tq"] <= attn.DECODE_MAX_TQ
+                assert all(attn._smem(c, p) <= attn.SMEM_LIMIT for c in cfgs)
+    def meta_problem(tq, tk):
+        return attn.problem(torch.empty(1, 32, tq, 128, device="meta"),
+                            torch.empty(1, 8, tk, 128, device="meta"), None)
+
+    assert attn.SPACE.default(meta_problem(1, 4096))["SPLITS"] == 16  # batch-1 decode splits
+    split2 = _cfg(16, 16, splits=2)
+    assert attn.SPACE.keep(split2, meta_problem(16, 64))
+    assert not attn.SPACE.keep(split2, meta_problem(17, 64))  # prefill path: no split-K
+
+
+@pytest.mark.parametrize("name", ["attention", "attention_decode"])
+def test_registry(name):
+    spec = registry.get(name)
+    for dims in spec.test_dims:
+        inputs = spec.make_inputs(dims, torch.bfloat16, CPU, _gen(13))
+        assert spec.problem(*inputs)["dtype"] == "torch.bfloat16"
+        assert spec.bytes_moved(*inputs) > 0 and spec.spills(*inputs, config=None) is None
+        assert attn.flops(*inputs, causal=inputs[6]) > 0
+        assert_close(spec.launch(*inputs, config=spec.default_config(*inputs)),
+                     spec.reference(*inputs))
+    q, k = torch.empty(1, 2, 4, 8), torch.empty(1, 1, 4, 8)
+    assert attn.flops(q, k, causal=True) == 4 * 2 * 8 * 10
+    assert attn.flops(q, k) == 4 * 2 * 8 * 16
