@@ -65,8 +65,9 @@ def reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     """
     c = _table(cos).float().unsqueeze(1)  # (Bc, 1, T, R)
     s = _table(sin).float().unsqueeze(1)
-    qo = _rotate(q.float(), c, s, interleaved).to(q.dtype).contiguous()
-    ko = _rotate(k.float(), c, s, interleaved).to(q.dtype).contiguous()
+    # Outputs in q's / k's dim order, like eager's elementwise result and the kernel's.
+    qo = _like(q).copy_(_rotate(q.float(), c, s, interleaved))
+    ko = torch.empty_like(k, dtype=q.dtype).copy_(_rotate(k.float(), c, s, interleaved))
     return qo, ko
 
 
@@ -127,13 +128,14 @@ def _copy_heads(src, s_h, s_d, dst, d_h, d_d, heads, h_ok, D, BLOCK_D: tl.conste
 def _rope_kernel(
     q_ptr, k_ptr, v_ptr,  # (B, Hq, T, D), (B, Hkv, T, D), v like k (read iff WRITE_CACHE)
     cos_ptr, sin_ptr,  # (Bc, T, R) tables; batch stride 0 when broadcast over B
-    qo_ptr,  # (B, Hq, T, D) contiguous rotated q
+    qo_ptr,  # (B, Hq, T, D) rotated q, in q's dim order (strides sqo_*)
     ko_ptr, vo_ptr,  # k destination: k out (B, Hkv, T, D) or k_cache (B, Hkv, S, D); v_cache
     pos_ptr,  # (T,) int cache slots (read iff WRITE_CACHE)
     T, HQ, HKV, D, R, S_DST,  # S_DST: seq length of the k destination (T or S_max)
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sc_b, sc_t, sc_r, ss_b, ss_t, ss_r,
     sko_b, sko_h, sko_t, sko_d, svo_b, svo_h, svo_t, svo_d,
+    sqo_b, sqo_h, sqo_t, sqo_d,
     INTERLEAVED: tl.constexpr, WRITE_CACHE: tl.constexpr,
     BLOCK_D: tl.constexpr, HEADS_PER_PROG: tl.constexpr,
 ):
@@ -148,8 +150,8 @@ def _rope_kernel(
     offs_h = tl.arange(0, HEADS_PER_PROG).to(tl.int64)
     if hblk < n_qblk:
         heads = hblk * HEADS_PER_PROG + offs_h
-        qo_row = qo_ptr + b * HQ * T * D + t * D
-        _rotate_heads(q_ptr + b * sq_b + t * sq_t, sq_h, sq_d, qo_row, T * D, 1,
+        qo_row = qo_ptr + b * sqo_b + t * sqo_t
+        _rotate_heads(q_ptr + b * sq_b + t * sq_t, sq_h, sq_d, qo_row, sqo_h, sqo_d,
                       heads, heads < HQ, cos_row, sc_r, sin_row, ss_r, D, R,
                       INTERLEAVED, BLOCK_D)
     else:
@@ -275,12 +277,12 @@ def _run(q, k, v, cos, sin, ko, vo, pos, interleaved, config, warmup: bool = Fal
     cfg = _config(q, k, cos, interleaved, config)
     b, hq, t, d = q.shape
     hkv, hpp = k.shape[1], cfg["HEADS_PER_PROG"]
-    qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous (B, Hq, T, D)
+    qo = _like(q)
     cache = v is not None
     v, vo, pos = (v, vo, pos) if cache else (k, ko, q)  # dummies, never touched
     args = (q, k, v, c, s, qo, ko, vo, pos, t, hq, hkv, d, c.shape[2], ko.shape[2],
             *q.stride(), *k.stride(), *v.stride(), *_table_strides(c), *_table_strides(s),
-            *ko.stride(), *vo.stride())
+            *ko.stride(), *vo.stride(), *qo.stride())
     grid = (b * t, triton.cdiv(hq, hpp) + triton.cdiv(hkv, hpp))
     meta = {"INTERLEAVED": bool(interleaved), "WRITE_CACHE": cache, "BLOCK_D": cfg["BLOCK_D"],
             "HEADS_PER_PROG": hpp, "num_warps": cfg["num_warps"]}
@@ -289,10 +291,17 @@ def _run(q, k, v, cos, sin, ko, vo, pos, interleaved, config, warmup: bool = Fal
     return qo, (_rope_kernel[grid](*args, **meta) if q.numel() + k.numel() else None)
 
 
+def _like(x: torch.Tensor) -> torch.Tensor:
+    """An output for x's rotation laid out in x's dim order (dense), as eager's x·cos + …
+    would be: graphs traced against eager's strides (e.g. transformers' transposed q/k
+    views) then need no copy to restride it."""
+    return torch.empty_like(x, memory_format=torch.preserve_format)
+
+
 def launch_rope_qk(q, k, cos, sin, interleaved: bool = False,
                    config: Mapping[str, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q and k (any strides) in one launch; returns new contiguous (B, H, T, D)."""
-    ko = torch.empty(k.shape, dtype=q.dtype, device=q.device)
+    """Rotate q and k (any strides) in one launch; outputs dense, in q's / k's dim order."""
+    ko = torch.empty_like(k, dtype=q.dtype)
     return _run(q, k, None, cos, sin, ko, None, None, interleaved, config)[0], ko
 
 
@@ -337,7 +346,7 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
 
 @rope_qk.register_fake
 def _(q, k, cos, sin, interleaved, config):
-    return q.new_empty(q.shape), q.new_empty(k.shape)
+    return _like(q), torch.empty_like(k, dtype=q.dtype)
 
 
 @torch.library.custom_op("advisor::rope_qk_cache", mutates_args=("k_cache", "v_cache"))
@@ -352,7 +361,7 @@ def rope_qk_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
 
 @rope_qk_cache.register_fake
 def _(q, k, v, cos, sin, k_cache, v_cache, cache_position, interleaved, config):
-    return q.new_empty(q.shape)
+    return _like(q)
 
 
 # --------------------------------------------------------------------------- registry

@@ -68,12 +68,19 @@ def _insert_point(graph: fx.Graph, m: Match, operands: list[Any]) -> fx.Node:
     return last
 
 
+def _same_layout(want: torch.Tensor, got: torch.Tensor | None) -> bool:
+    """Same strides at the example sizes (hints: comparing symbolic strides would guard)."""
+    if got is None:
+        return want.is_contiguous()
+    return [hint(s) for s in want.stride()] == [hint(s) for s in got.stride()]
+
+
 def _reroute(out: fx.Node, new: fx.Node, inside: set[fx.Node]) -> fx.Node:
-    """Point the outside readers of `out` at `new`. Fused ops return contiguous tensors;
-    where the captured value had other strides (later views in the graph were traced
-    against them), the result is first copied into that layout."""
-    val = fake(out)
-    if val is not None and not val.is_contiguous():
+    """Point the outside readers of `out` at `new`. Where the fused op's result has other
+    strides than the captured value (later views in the graph were traced against them),
+    it is first copied into that layout."""
+    val, got = fake(out), fake(new)
+    if val is not None and not _same_layout(val, got):
         # Dense layout with the captured dim order (static even when sizes are symbolic):
         # permute to that order, make contiguous, permute back.
         order = sorted(range(val.dim()), key=lambda i: -hint(val.stride()[i]))
