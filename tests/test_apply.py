@@ -37,8 +37,20 @@ def test_examples_all_fusions_match_and_do_not_recompile(path):
     assert [r["compiles"] for r in totals] == [1, 1], totals  # one compile per bucket
     assert all(r["launches_after"] < r["launches_before"] for r in totals)
     applied = {r["family"]: r["applied"] for r in summary if r["bucket"] == 8 and "applied" in r}
-    for fam in ("add_rms_norm", "rms_norm", "gate_up_swiglu", "rope", "qkv_merge"):
+    # Deepest first: norms folded into the projections that read them, then what is left.
+    for fam in ("add_rms_norm_linear", "rms_norm_linear", "gated_act", "rope"):
         assert applied[fam] > 0, (fam, summary)
+
+
+def test_norm_and_mlp_fusions_without_the_norm_prologue():
+    mf = load_model_file("examples/llama_hf.py")
+    model = build(mf, CPU, torch.float32)
+    x = inputs_for(mf, 7, 2, CPU)
+    ref = call(model, x)
+    fast = apply(model, Plan(("rms_norm", "add_rms_norm", "gate_up_swiglu", "rope", "qkv_merge")))
+    _check_close(call(fast, x), ref, torch.float32)
+    applied = {r["family"]: r["applied"] for r in fast.summary() if "applied" in r}
+    assert applied == {"rms_norm": 1, "add_rms_norm": 4, "gate_up_swiglu": 2, "rope": 2, "qkv_merge": 2}
 
 
 def test_shallower_alternatives_apply_when_the_deeper_fusion_is_off():

@@ -1,4 +1,4 @@
-"""linear_swiglu: gate/up projections + activation·mul as one GEMM over two weights."""
+"""Adapters over gemm.py for separate model weights: linear_swiglu and rmsnorm_linear."""
 
 import pytest
 import torch
@@ -32,3 +32,17 @@ def test_custom_op_and_separate_weights():
     fn = torch.compile(lambda a, b, c: torch.ops.advisor.linear_swiglu(a, [b, c], act, ""),
                        backend="eager", fullgraph=True)
     assert_close(fn(x, wg, wu), out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_linear_matches_reference_and_unfused(dtype):
+    spec = registry.get("rmsnorm_linear")
+    for dims in spec.test_dims:
+        inputs = spec.make_inputs(dims, dtype, torch.device("cpu"), torch.Generator().manual_seed(5))
+        assert adjacent_view(inputs[2]) is not None and len(inputs[2]) >= 2
+        ref = spec.reference(*inputs)
+        out = spec.launch(*inputs)
+        assert out.shape == ref.shape and not torch.isnan(out).any()
+        assert_close(out, ref)
+        if dtype == torch.float32:
+            assert_close(spec.unfused_ops()(*inputs), ref)

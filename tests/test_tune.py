@@ -33,7 +33,8 @@ from advisor.search.study import Budget, Timed, choose, open_storage
 
 CPU = torch.device("cpu")
 # One block: RMSNorm -> gate/up -> SiLU·mul -> down -> residual add -> RMSNorm.
-# Families found: rms_norm, add_rms_norm, gate_up_swiglu, gated_act, gate_up_merge.
+# Families found: rms_norm_linear, rms_norm, add_rms_norm, gate_up_swiglu, gated_act,
+# gate_up_merge.
 TINY = """
 import torch
 import torch.nn.functional as F
@@ -99,9 +100,12 @@ def _trials(options: TuneOptions, name: str) -> list[optuna.trial.FrozenTrial]:
 
 def _expected(trial, faults: list[tuple[str, str]]) -> str | None:
     """The reason the first faulty family this trial's plan applied must fail it with.
-    gate_up_swiglu, when on, takes the MLP's only site before gated_act/gate_up_merge can
-    (patterns run deepest-first), so those then apply nowhere."""
+    Patterns run deepest-first: rms_norm_linear takes n1 and the gate/up projections, so
+    rms_norm, gate_up_swiglu and gate_up_merge then apply nowhere; gate_up_swiglu, when it
+    does apply, takes the MLP's only site before gated_act / gate_up_merge."""
     on = set(trial.user_attrs["plan"]["fusions"])
+    if "rms_norm_linear" in on:
+        on -= {"rms_norm", "gate_up_swiglu", "gate_up_merge"}
     if "gate_up_swiglu" in on:
         on -= {"gated_act", "gate_up_merge"}
     return next((REASON[kind] for fam, kind in faults if fam in on), None)
@@ -266,7 +270,7 @@ def test_kill_9_mid_trial_then_the_same_command_resumes(tiny, tmp_path):
     """The parent is killed -9 while trial 1 (the predicted-best seed, every fusion on) hangs;
     the rerun marks it FAIL (crash), retries its parameters and keeps trial 0."""
     out = tmp_path / "r.json"
-    env = {**os.environ, "ADVISOR_FAULT": "gate_up_swiglu:hang"}
+    env = {**os.environ, "ADVISOR_FAULT": "add_rms_norm:hang"}  # applied in every plan that enables it
     proc = subprocess.Popen([sys.executable, "-m", "advisor.cli", "tune", str(tiny), "--shapes", "8",
                              "--trials", "4", "--rep-ms", "10", "--device", "cpu", "--out", str(out)],
                             env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,

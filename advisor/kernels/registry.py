@@ -26,6 +26,7 @@ KERNEL_MODULES: tuple[str, ...] = (
     "advisor.kernels.attention",
     "advisor.kernels.gemm",
     "advisor.kernels.linear_swiglu",
+    "advisor.kernels.rmsnorm_linear",
 )
 
 

@@ -27,6 +27,7 @@ KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "bias_act": (("x", "bias", "activation"), ("y",)),
     "rope_qk": (("q", "k", "cos", "sin", "interleaved"), ("q", "k")),
     "linear_swiglu": (("x", "weights", "activation"), ("y",)),
+    "rmsnorm_linear": (("x", "weight", "weights", "eps", "weight_offset"), ("y",)),  # own emitter
 }
 
 
@@ -139,6 +140,27 @@ def _emit_merged_linear(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node,
     after = _insert_point(graph, m, [x2d, *weights, *[b for b in biases if b is not None]])
     with graph.inserting_after(after):
         call = _new(graph, torch.ops.advisor.merged_linear.default, (x2d, weights, biases))
+    return _slice_columns(graph, call, outs, weights)
+
+
+def _emit_rmsnorm_linear(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
+    """norm(x) read by n linears → rmsnorm_linear(x as (M, K), norm_w, [W…]) and n column
+    slices of its (M, ΣN) result (the linears' outputs are 2-D)."""
+    x, weights = m.operands["x"], m.operands["weights"]
+    after = _insert_point(graph, m, [x, m.operands["weight"], *weights])
+    k = int(fake(weights[0]).shape[1])
+    with graph.inserting_after(after):
+        x2d = _new(graph, aten.view.default, (x, [-1, k]))
+    with graph.inserting_after(x2d):
+        call = _new(graph, torch.ops.advisor.rmsnorm_linear.default,
+                    (x2d, m.operands["weight"], weights, m.operands["eps"], m.operands["weight_offset"],
+                     config))
+    return _slice_columns(graph, call, [m.outputs[f"out{i}"] for i in range(len(weights))], weights)
+
+
+def _slice_columns(graph: fx.Graph, call: fx.Node, outs: list[fx.Node],
+                   weights: list[fx.Node]) -> dict[fx.Node, fx.Node]:
+    """Point each output at its column block [start, start + N_i) of `call`'s result."""
     start, cursor, replaced = 0, call, {}
     for out, w in zip(outs, weights):
         rows = int(fake(w).shape[0])
@@ -155,6 +177,8 @@ def emit(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
     nodes become dead (the caller runs DCE)."""
     if m.kernel == "merged_linear":
         return _emit_merged_linear(graph, m, config)
+    if m.kernel == "rmsnorm_linear":
+        return _emit_rmsnorm_linear(graph, m, config)
     if m.kernel == "bias_act" and "addmm" in m.operands:
         return _emit_bias_act_addmm(graph, m, config)
     if m.kernel in KERNEL_ARGS:

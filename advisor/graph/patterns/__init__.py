@@ -10,7 +10,9 @@
 | bias_act                       | activation.py     | bias_act.py               |
 | rope (q and k in one launch)   | rope.py           | rope.py                   |
 | qkv_merge, gate_up_merge, ...  | linear.py         | (runtime) merged_linear   |
-| *_norm_linear (GEMM prologue)  | linear.py         | analysis only for now     |
+| rms_norm_linear,               | linear.py         | rmsnorm_linear.py (gemm)  |
+|   add_rms_norm_linear (norm as |                   | (LayerNorm: analysis only)|
+|   the projections' prologue)   |                   |                           |
 | attention, attention_rope,     | attention.py      | analysis only for now     |
 | kv_cache_write, rope_kv_cache  |                   |                           |
 """
@@ -27,14 +29,16 @@ def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
     norms = norm.find(gm, params)
     gated = activation.find_gated(gm)
     ropes = rope.find(gm)
+    # Deeper fusions first: where several are enabled, the runtime takes the first that
+    # matches a site (a norm folded into its projections beats the norm alone, etc.).
     matches = [
+        *linear.find_norm_projections(norms, gm, params),
         *norms,
         *linear.find_swiglu_projections(gated, params),  # before gated_act: it subsumes it
         *gated,
         *activation.find_bias_act(gm, params),
         *ropes,
         *linear.find_merges(gm, params, gated),
-        *linear.find_norm_projections(norms, gm, params),
         *attention.find(gm, ropes),
         *attention.find_cache_writes(gm, ropes),
     ]

@@ -138,7 +138,16 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
             continue
         nodes = (*m.nodes, *(n for lin in readers for n in (lin.x2d, lin.node.args[-1], lin.node)))
         operands = {**m.operands, "weights": [lin.weight for lin in readers]}
-        outputs = {**{k: v for k, v in m.outputs.items() if k != "y"},
-                   **{f"out{i}": lin.node for i, lin in enumerate(readers)}}
-        found.append(Match(f"{m.family}_linear", None, m.module, nodes, operands, outputs))
+        outputs = {f"out{i}": lin.node for i, lin in enumerate(readers)}
+        kernel = None
+        if m.family in ("rms_norm", "add_rms_norm") and m.operands.get("weight") is not None \
+                and all(lin.bias is None for lin in readers):
+            kernel = "rmsnorm_linear"
+        if "residual" in m.outputs:
+            # The residual sum is the residual stream: it stays a plain add, and the
+            # fused GEMM normalises it (the add node is left out of the replaced nodes).
+            add = m.outputs["residual"]
+            nodes = tuple(n for n in nodes if n is not add)
+            operands["x"] = add
+        found.append(Match(f"{m.family}_linear", kernel, m.module, nodes, operands, outputs))
     return found
