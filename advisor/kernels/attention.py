@@ -39,6 +39,7 @@ import triton.language as tl
 
 from advisor.errors import KernelInputError
 from advisor.kernels import rope
+from advisor.kernels.rope import rope_partner
 from advisor.kernels._triton import check, check_float, interpreting, resources, triton_can_run
 from advisor.kernels.registry import KernelSpec, register
 from advisor.kernels.space import Config, ConfigSpace, Problem, decode
@@ -108,13 +109,7 @@ def _load_rows(base, row_off, row_ok, s_d, cos, sin, tab_off, D, R: tl.constexpr
     x = tl.load(base + row_off[:, None] + d[None, :] * s_d, mask=mask, other=0.0)
     if R > 0:
         rot = d < R
-        half = R // 2
-        if INTERLEAVED:
-            partner = d ^ 1
-            sign = tl.where(d % 2 == 0, -1.0, 1.0)
-        else:
-            partner = tl.where(d < half, d + half, d - half)
-            sign = tl.where(d < half, -1.0, 1.0)
+        partner, sign = rope_partner(d, R, INTERLEAVED)
         tmask = row_ok[:, None] & rot[None, :]
         # Pass-through dims (d >= R) load cos=1, sin=0, partner=0: y = x exactly.
         c = tl.load(cos + tab_off[:, None] + d[None, :], mask=tmask, other=1.0)

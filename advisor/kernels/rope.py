@@ -86,20 +86,29 @@ def reference_cache(q, k, v, cos, sin, k_cache, v_cache, cache_position,
 
 
 @triton.jit
+def rope_partner(d, R, INTERLEAVED: tl.constexpr):
+    """For head dims d (BLOCK_D,): the dim each one is rotated with, and the sign of that
+    term: out[d] = x[d]·cos[d] + sign[d]·x[partner[d]]·sin[d]. Rotate-half pairs d with
+    d ± R/2 (sign − on the first half); interleaved pairs 2i with 2i+1 (− on the even)."""
+    if INTERLEAVED:
+        partner = d ^ 1
+        sign = tl.where(d % 2 == 0, -1.0, 1.0)
+    else:
+        half = R // 2
+        partner = tl.where(d < half, d + half, d - half)
+        sign = tl.where(d < half, -1.0, 1.0)
+    return partner, sign
+
+
+@triton.jit
 def _rotate_heads(src, s_h, s_d, dst, d_h, d_d, heads, h_ok, cos_row, sc_r, sin_row, ss_r,
                   D, R, INTERLEAVED: tl.constexpr, BLOCK_D: tl.constexpr):
     """Rotate HEADS_PER_PROG rows of one (b, t): src/dst point at head 0, dim 0 of the row;
     heads (HPP,) int64 head ids, h_ok (HPP,) which of them to touch."""
-    half = R // 2
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)  # (BLOCK_D,)
         rot = d < R
-        if INTERLEAVED:
-            partner = d ^ 1
-            sign = tl.where(d % 2 == 0, -1.0, 1.0)
-        else:
-            partner = tl.where(d < half, d + half, d - half)
-            sign = tl.where(d < half, -1.0, 1.0)
+        partner, sign = rope_partner(d, R, INTERLEAVED)
         partner = tl.where(rot, partner, d)
         c = tl.load(cos_row + d * sc_r, mask=rot, other=1.0).to(tl.float32)
         s = tl.load(sin_row + d * ss_r, mask=rot, other=0.0).to(tl.float32)
