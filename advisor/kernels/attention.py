@@ -39,9 +39,9 @@ import triton.language as tl
 
 from advisor.errors import KernelInputError
 from advisor.kernels import rope
-from advisor.kernels.rope import rope_partner
 from advisor.kernels._triton import check, check_float, interpreting, resources, triton_can_run
 from advisor.kernels.registry import KernelSpec, register
+from advisor.kernels.rope import rope_partner
 from advisor.kernels.space import Config, ConfigSpace, Problem, decode
 from advisor.kernels.testing import randn_nonzero
 
