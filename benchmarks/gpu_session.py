@@ -59,8 +59,13 @@ def stage_analysis(mf, model, dev, ceilings, out: dict) -> None:
                       "verdict": s.verdict} for s in shapes]
 
 
+PLANS = ("recipes/all-fusions.plan.json", "recipes/all-fusions-cudagraph.plan.json",
+         "recipes/deep-fusions-cudagraph.plan.json")
+
+
 def stage_apply(mf, model, dev, out: dict, lengths=(1, 128, 512, 2048),
-                compile_modes: tuple[str, ...] = ("default", "reduce-overhead")) -> None:
+                compile_modes: tuple[str, ...] = ("default", "reduce-overhead"),
+                plans: tuple[str, ...] = PLANS) -> None:
     inputs = {t: inputs_for(mf, t, 1, dev) for t in lengths}
     with torch.no_grad():
         refs = {t: first_tensor(call(model, inputs[t])) for t in lengths}
@@ -78,9 +83,9 @@ def stage_apply(mf, model, dev, out: dict, lengths=(1, 128, 512, 2048),
     with torch.no_grad():
         for t in lengths:
             measure("eager", lambda t=t: call(model, inputs[t]), t, 0.0)
-        for plan in ("recipes/all-fusions.plan.json", "recipes/all-fusions-cudagraph.plan.json"):
+        for plan in plans:
             fast = apply(model, load_recipe(plan))
-            name = "advisor+cudagraph" if "cudagraph" in plan else "advisor"
+            name = "advisor:" + Path(plan).name.replace(".plan.json", "")
             for t in lengths:
                 o, first = timed_call(lambda t=t, f=fast: call(f, inputs[t]), dev)
                 row = measure(name, lambda t=t, f=fast: call(f, inputs[t]), t, round(first, 2))
@@ -132,6 +137,7 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=560.0, help="seconds; later stages are skipped")
     ap.add_argument("--compile", default="default,reduce-overhead", help="torch.compile modes in apply")
     ap.add_argument("--kernel-tokens", default="1,128,512,2048,8192")
+    ap.add_argument("--plans", default=",".join(PLANS), help="plan files for the apply stage")
     args = ap.parse_args()
     dev = torch.device("cuda")
     ceilings = measure_ceilings(dev)
@@ -153,7 +159,8 @@ def main() -> None:
                 stage_analysis(mf, model, dev, ceilings, out)
             elif stage == "apply":
                 stage_apply(mf, model, dev, out,
-                            compile_modes=tuple(m for m in args.compile.split(",") if m))
+                            compile_modes=tuple(m for m in args.compile.split(",") if m),
+                            plans=tuple(p for p in args.plans.split(",") if p))
             elif stage == "kernels":
                 stage_kernels(dev, ceilings, out, tuple(int(t) for t in args.kernel_tokens.split(",")))
         except Exception as exc:
