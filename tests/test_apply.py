@@ -38,7 +38,7 @@ def test_examples_all_fusions_match_and_do_not_recompile(path):
     assert all(r["launches_after"] < r["launches_before"] for r in totals)
     applied = {r["family"]: r["applied"] for r in summary if r["bucket"] == 8 and "applied" in r}
     # Deepest first: norms folded into the projections that read them, then what is left.
-    for fam in ("add_rms_norm_linear", "rms_norm_linear", "gated_act", "rope"):
+    for fam in ("add_rms_norm_linear", "rms_norm_linear", "gated_act", "attention_rope"):
         assert applied[fam] > 0, (fam, summary)
 
 

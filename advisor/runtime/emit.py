@@ -27,6 +27,7 @@ KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "bias_act": (("x", "bias", "activation"), ("y",)),
     "rope_qk": (("q", "k", "cos", "sin", "interleaved"), ("q", "k")),
     "linear_swiglu": (("x", "weights", "activation"), ("y",)),
+    "attention": (("q", "k", "v", "cos", "sin", "mask", "causal", "scale", "interleaved"), ("y",)),
     "rmsnorm_linear": (("x", "weight", "weights", "eps", "weight_offset"), ("y",)),  # own emitter
 }
 
@@ -47,6 +48,9 @@ def _infer_meta(node: fx.Node, like: fx.Node | None = None) -> fx.Node:
     if like is not None and "nn_module_stack" in like.meta:
         node.meta["nn_module_stack"] = like.meta["nn_module_stack"]
     return node
+
+
+OPTIONAL_OPERANDS = {"weight", "bias", "cos", "sin", "mask"}  # may be None (the op takes Tensor?)
 
 
 class EmitError(Exception):
@@ -100,7 +104,7 @@ def _reroute(out: fx.Node, new: fx.Node, inside: set[fx.Node]) -> fx.Node:
 def _emit_kernel(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
     names, results = KERNEL_ARGS[m.kernel]
     args = [m.operands.get(n) for n in names]
-    if any(a is None for a, n in zip(args, names) if n not in ("weight", "bias")) or (
+    if any(a is None for a, n in zip(args, names) if n not in OPTIONAL_OPERANDS) or (
         m.kernel == "rms_norm" or m.kernel == "add_rms_norm") and m.operands.get("weight") is None:
         raise EmitError("an operand of the fused op is missing")
     op = getattr(torch.ops.advisor, m.kernel).default

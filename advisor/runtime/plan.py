@@ -20,6 +20,8 @@ FAMILIES: dict[str, str] = {
     "gated_act": "gated_act",
     "bias_act": "bias_act",
     "rope": "rope_qk",
+    "attention_rope": "attention",
+    "attention": "attention",
     "qkv_merge": "merged_linear",
     "gate_up_merge": "merged_linear",
     "linear_merge": "merged_linear",

@@ -31,7 +31,9 @@ def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
     ropes = rope.find(gm)
     # Deeper fusions first: where several are enabled, the runtime takes the first that
     # matches a site (a norm folded into its projections beats the norm alone, etc.).
+    fusable_attention = attention.find_fusable(gm, ropes)
     matches = [
+        *[m for m in fusable_attention if m.family == "attention_rope"],  # RoPE folded in
         *linear.find_norm_projections(norms, gm, params),
         *norms,
         *linear.find_swiglu_projections(gated, params),  # before gated_act: it subsumes it
@@ -39,7 +41,8 @@ def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
         *activation.find_bias_act(gm, params),
         *ropes,
         *linear.find_merges(gm, params, gated),
-        *attention.find(gm, ropes),
+        *[m for m in fusable_attention if m.family == "attention"],
+        *attention.not_covered(attention.find(gm, ropes), fusable_attention),  # analysis only
         *attention.find_cache_writes(gm, ropes),
     ]
     # Analysis-only candidates are priced even when they overlap others; anything the

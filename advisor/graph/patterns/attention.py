@@ -8,11 +8,13 @@ index_copy/index_put into a cache buffer, "rope_kv_cache" when the written k is 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import torch
 from torch import fx
 
-from advisor.graph.capture import module_path
+from advisor.graph.capture import fake, module_path
 from advisor.graph.match import Match, aten, is_getitem, is_op, strip_views
 
 SDPA_OPS = tuple(
@@ -73,3 +75,87 @@ def find_cache_writes(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
             family = "rope_kv_cache" if strip_views(src) in rotated else "kv_cache_write"
             found.append(Match(family, None, module_path(node), (node,), {}, {"y": node}))
     return found
+
+
+def sdpa_args(node: fx.Node) -> dict[str, Any]:
+    """An SDPA node's arguments by schema name (query, key, value, attn_mask | attn_bias,
+    dropout_p, is_causal, scale), whichever of aten's SDPA forms the backend chose."""
+    schema = node.target._schema
+    out = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    out.update({a.name: v for a, v in zip(positional, node.args)})
+    out.update(node.kwargs)
+    return out
+
+
+def _full_slice(node: Any) -> bool:
+    """x[:, ...] spelled out (dynamic-shape traces keep these no-op slices)."""
+    if not is_op(node, aten.slice.Tensor) or len(node.users) != 1:
+        return False
+    start = node.args[2] if len(node.args) > 2 else 0
+    end = node.args[3] if len(node.args) > 3 else None
+    return start in (0, None) and (end is None or (isinstance(end, int) and end >= 2**62))
+
+
+def _unrepeat(node: Any) -> tuple[Any, list[fx.Node]]:
+    """GQA's repeat_kv, as traced: view(clone(expand(unsqueeze(x, 2), (B, Hkv, n, T, D))),
+    (B, Hkv·n, T, D)), with no-op slices anywhere below the clone. Returns (x, chain
+    nodes), or (node, []) when not repeated."""
+    chain, cur = [], node
+    for ops in ((aten.view.default, aten._unsafe_view.default), (aten.clone.default,),
+                (aten.expand.default,), (aten.unsqueeze.default,)):
+        while chain and _full_slice(cur):
+            chain.append(cur)
+            cur = cur.args[0]
+        if not is_op(cur, *ops) or (chain and len(cur.users) != 1):
+            return node, []
+        chain.append(cur)
+        cur = cur.args[0]
+    if chain[-1].args[1] != 2:  # unsqueeze(x, 2)
+        return node, []
+    while _full_slice(cur):
+        chain.append(cur)
+        cur = cur.args[0]
+    return cur, chain
+
+
+def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
+    """SDPA sites the attention kernel can replace: with the RoPE that feeds q and k folded
+    in ("attention_rope", deeper) and without it ("attention"); GQA k/v un-repeated."""
+    rope_of = {o: m for m in ropes for o in m.outputs.values()}
+    found = []
+    for node in gm.graph.nodes:
+        if not is_op(node, *SDPA_OPS) or node.target == aten.scaled_dot_product_attention.default:
+            continue
+        a = sdpa_args(node)
+        mask = a.get("attn_mask", a.get("attn_bias"))
+        tq, tm = fake(a["query"]), fake(mask) if mask is not None else None
+        if a.get("dropout_p", 0.0) or tq is None or (tm is not None and tm.dtype == torch.bool):
+            continue
+        items = [u for u in node.users if is_getitem(u)]
+        y = next((u for u in items if u.args[1] == 0), None)
+        if y is None or any(u.users for u in items if u is not y):
+            continue
+        k, k_chain = _unrepeat(a["key"])
+        v, v_chain = _unrepeat(a["value"])
+        scale = a.get("scale") or 1.0 / math.sqrt(int(tq.shape[-1]))
+        base = (*k_chain, *v_chain, node, *items)
+        common = {"v": v, "mask": mask, "causal": bool(a.get("is_causal", False)),
+                  "scale": float(scale), "interleaved": False}
+        rm = rope_of.get(a["query"])
+        if rm is not None and rm.outputs.get("q") is a["query"] and rm.outputs.get("k") is k:
+            operands = {**common, "q": rm.operands["q"], "k": rm.operands["k"],
+                        "cos": rm.operands["cos"], "sin": rm.operands["sin"],
+                        "interleaved": rm.operands["interleaved"]}
+            found.append(Match("attention_rope", "attention", module_path(node), (*rm.nodes, *base),
+                               operands, {"y": y}))
+        operands = {**common, "q": a["query"], "k": k, "cos": None, "sin": None}
+        found.append(Match("attention", "attention", module_path(node), base, operands, {"y": y}))
+    return found
+
+
+def not_covered(analysis: list[Match], fusable: list[Match]) -> list[Match]:
+    """Analysis-only attention sites the kernel cannot take (explicit softmax, bool masks,
+    dropout): those whose SDPA node no fusable match already holds."""
+    held = {n for m in fusable for n in m.nodes if is_op(n, *SDPA_OPS)}
+    return [m for m in analysis if not held & set(m.nodes)]
