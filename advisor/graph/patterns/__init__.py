@@ -9,12 +9,14 @@
 | gated_act (SwiGLU, GeGLU)      | activation.py     | gated_act.py              |
 | bias_act                       | activation.py     | bias_act.py               |
 | rope (q and k in one launch)   | rope.py           | rope.py                   |
-| qkv_merge, gate_up_merge, ...  | linear.py         | (runtime) merged_linear   |
+| qkv_merge, gate_up_merge, ...  | linear.py         | merged_linear.py (cuBLAS) |
 | rms_norm_linear,               | linear.py         | rmsnorm_linear.py (gemm)  |
 |   add_rms_norm_linear (norm as |                   | (LayerNorm: analysis only)|
 |   the projections' prologue)   |                   |                           |
-| attention, attention_rope,     | attention.py      | analysis only for now     |
-| kv_cache_write, rope_kv_cache  |                   |                           |
+| attention_rope, attention      | attention.py      | attention.py              |
+|   (SDPA, RoPE folded in)       |                   |                           |
+| explicit softmax attention,    | attention.py      | analysis only             |
+|   kv_cache_write, rope_kv_cache|                   |                           |
 """
 
 from __future__ import annotations
