@@ -409,22 +409,13 @@ def _mask4(q, k, mask) -> torch.Tensor:
                                f"{(b, hq, tq, k.shape[2])}") from None
 
 
-def _config(p: Problem, config: Mapping[str, int] | None) -> Config:
-    if not config:
-        return SPACE.default(p)
-    try:
-        return SPACE.validate(config, p)
-    except ValueError as e:
-        raise KernelInputError(f"config: {e}") from None
-
-
 def _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config):
     """Check everything; return (config, (cos, sin) as (Bc, Tk, R) or None, mask view or None)."""
     _check_qkv(q, k, v)
     tables = _tables(q, k, cos, sin) if cos is not None else None
     m4 = _mask4(q, k, mask) if mask is not None else None
     p = problem(q, k, v, cos, sin, mask, causal, scale, interleaved)
-    return _config(p, config), tables, m4
+    return SPACE.resolve(config, p), tables, m4
 
 
 def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=False):

@@ -212,19 +212,10 @@ def _check_inputs(x, residual, weight, bias) -> None:
             _expect(name, t, (x.shape[-1],), x, same_dtype=False)
 
 
-def _config(config: Mapping[str, int] | None, problem: Problem) -> Config:
-    if not config:
-        return SPACE.default(problem)
-    try:
-        return SPACE.validate(config, problem)
-    except ValueError as e:
-        raise KernelInputError(f"config: {e}") from None
-
-
 def _norm(x, residual, weight, bias, eps, weight_offset, is_rms, config, out, residual_out):
     """Check, allocate, launch. Returns (y, h or None, compiled kernel or None)."""
     _check_inputs(x, residual, weight, bias)
-    cfg = _config(config, _problem(x))
+    cfg = SPACE.resolve(config, _problem(x))
     y = _out("out", out, x)
     h = _out("residual_out", residual_out, x) if residual is not None else None
     if x.numel() == 0:

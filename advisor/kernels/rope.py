@@ -26,7 +26,6 @@ import torch
 import triton
 import triton.language as tl
 
-from advisor.errors import KernelInputError
 from advisor.kernels._triton import check, check_float, resources, triton_can_run
 from advisor.kernels.registry import KernelSpec, register
 from advisor.kernels.space import Config, ConfigSpace, Problem, decode
@@ -264,16 +263,6 @@ def _check_cache(q, k, v, k_cache, v_cache, pos) -> None:
               f"cache_position outside [0, {k_cache.shape[2]})")
 
 
-def _config(q, k, cos, interleaved, config: Mapping[str, int] | None) -> Config:
-    problem = _problem(q, k, cos, interleaved)
-    if not config:
-        return SPACE.default(problem)
-    try:
-        return SPACE.validate(config, problem)
-    except ValueError as e:
-        raise KernelInputError(str(e)) from None
-
-
 def _table_strides(c: torch.Tensor) -> tuple[int, int, int]:
     """(Bc, T, R) strides with batch stride 0 when Bc == 1 (broadcast over B)."""
     return (0 if c.shape[0] == 1 else c.stride(0), c.stride(1), c.stride(2))
@@ -283,7 +272,7 @@ def _run(q, k, v, cos, sin, ko, vo, pos, interleaved, config, warmup: bool = Fal
     """Check, pick the config, launch (or only compile); v/vo/pos are None without the cache.
     Returns (rotated q, the compiled kernel or None)."""
     c, s = _check_qk(q, k, cos, sin)
-    cfg = _config(q, k, cos, interleaved, config)
+    cfg = SPACE.resolve(config, _problem(q, k, cos, interleaved))
     b, hq, t, d = q.shape
     hkv, hpp = k.shape[1], cfg["HEADS_PER_PROG"]
     qo = _like(q)

@@ -58,6 +58,18 @@ class ConfigSpace:
         grid = (dict(zip(names, values)) for values in itertools.product(*self.axes.values()))
         return [cfg for cfg in grid if self.keep(cfg, problem)]
 
+    def resolve(self, cfg: Mapping[str, int] | None, problem: Problem) -> Config:
+        """What a launcher runs: the default for an empty config, else `cfg` validated;
+        an invalid config is a KernelInputError (a clear error, not a Triton crash)."""
+        from advisor.errors import KernelInputError
+
+        if not cfg:
+            return self.default(problem)
+        try:
+            return self.validate(cfg, problem)
+        except ValueError as e:
+            raise KernelInputError(f"config: {e}") from None
+
     def validate(self, cfg: Mapping[str, int], problem: Problem) -> Config:
         """Check a config from outside (a recipe, a CLI flag) against this space."""
         if set(cfg) != set(self.axes):
