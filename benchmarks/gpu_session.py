@@ -34,6 +34,7 @@ from advisor.profile import measure_ceilings  # noqa: E402
 from advisor.runtime.apply import apply  # noqa: E402
 from advisor.runtime.recipe import load_recipe  # noqa: E402
 from advisor.timing import kernels_per_call, median_ms, timed_call  # noqa: E402
+from benchmarks.bench_kernels import ADAPTERS  # noqa: E402
 from benchmarks.common import header, write  # noqa: E402
 
 T0 = time.time()
@@ -114,7 +115,7 @@ def stage_kernels(dev, ceilings, out: dict, tokens=(1, 128, 512, 2048, 8192)) ->
 
     rows, failures = out.setdefault("rows", []), out.setdefault("failures", [])
     for name, spec in all_kernels().items():
-        if name == "merged_linear":
+        if name in ADAPTERS:
             continue
         compiled = torch.compile(spec.unfused_ops(), dynamic=False)
         for t in tokens:
