@@ -56,6 +56,7 @@ def stage_analysis(mf, model, dev, ceilings, out: dict) -> None:
     out.update(to_json(a))
     out["checks"] = [{"seq_len": s.seq_len, "sum_categories_ms": sum(s.budget.categories.values()),
                       "plain_wall_ms": s.budget.plain_wall_ms,
+                      "profiled_wall_ms": s.budget.profiled_wall_ms,
                       "sum_vs_plain": sum(s.budget.categories.values()) / s.budget.plain_wall_ms,
                       "verdict": s.verdict} for s in shapes]
 

@@ -360,5 +360,6 @@ def test_calibrated_budget_sums_to_plain_wall_time():
     c = calibrated(b)
     assert sum(c.categories[k] for k in CATEGORIES) == c.wall_ms == 7.5
     assert c.categories["launch_host"] == 3.0 and c.categories["memory"] == 3.0
+    assert c.profiled_wall_ms == 10.5 and c.profiled_categories == cats  # overhead stays visible
     slow = calibrated(dataclasses.replace(b, plain_wall_ms=4.0))  # device time > plain wall
     assert slow.categories["launch_host"] == 0.0 and slow.wall_ms == 4.5

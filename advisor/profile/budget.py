@@ -87,6 +87,10 @@ class Budget:
     plain_wall_ms: float  # forward wall time without the profiler
     ridge: float  # FLOP/byte of `dtype` on this device
     launch_us: float  # eager launch cost used for the launch-bound test
+    # Before `calibrated`: the traced categories and their sum (the profiled window), kept
+    # so the profiler's own overhead stays visible; empty / 0 on an uncalibrated budget.
+    profiled_categories: dict[str, float] = dataclasses.field(default_factory=dict)
+    profiled_wall_ms: float = 0.0
 
 
 # --------------------------------------------------------------------------- intervals
@@ -365,7 +369,8 @@ def calibrated(budget: Budget) -> Budget:
     cats = {**c, "launch_host": host if c["launch_host"] > 0 else 0.0}
     ops = tuple(dataclasses.replace(r, launch_host_ms=r.launch_host_ms * scale) for r in budget.ops)
     return dataclasses.replace(budget, categories=cats, wall_ms=sum(cats.values()),
-                               ops=tuple(sorted(ops, key=_total_ms, reverse=True)))
+                               ops=tuple(sorted(ops, key=_total_ms, reverse=True)),
+                               profiled_categories=dict(c), profiled_wall_ms=budget.wall_ms)
 
 
 # --------------------------------------------------------------------------- views
