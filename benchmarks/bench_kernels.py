@@ -107,6 +107,8 @@ def bench_kernel(spec, tokens: int, dtype: torch.dtype, sweep: int, compiled) ->
             row["spills"] = f"{type(exc).__name__}"
     for key in ("eager", "compile", "default", "best"):
         row[f"{key}_gbps"] = row["bytes"] / (row[f"{key}_ms"] * 1e-3) / 1e9
+        if spec.flops is not None:
+            row[f"{key}_tflops"] = spec.flops(*inputs) / (row[f"{key}_ms"] * 1e-3) / 1e12
     row["speedup_vs_eager"] = row["eager_ms"] / best_ms
     row["speedup_vs_compile"] = row["compile_ms"] / best_ms
     return row

@@ -110,22 +110,32 @@ def stage_apply(mf, model, dev, out: dict, lengths=(1, 128, 512, 2048),
         r["speedup_vs_eager"] = eager[r["shape"]] / r["ms"]
 
 
-def stage_kernels(dev, ceilings, out: dict, tokens=(1, 128, 512, 2048, 8192)) -> None:
+def stage_kernels(dev, ceilings, out: dict, tokens=(1, 128, 512, 2048, 8192), names=(),
+                  deadline: float = float("inf"), sweep: int = 6) -> None:
+    """names: kernels in the order to run (default: every registered one); a kernel not
+    started before `deadline` (seconds since start) is listed under `skipped`."""
     from advisor.kernels.registry import all_kernels
     from benchmarks.bench_kernels import bench_kernel
 
     rows, failures = out.setdefault("rows", []), out.setdefault("failures", [])
-    for name, spec in all_kernels().items():
-        if name in ADAPTERS:
+    specs = all_kernels()
+    for name in names or [n for n in specs if n not in ADAPTERS]:
+        spec = specs[name]
+        if time.time() - T0 > deadline:
+            out.setdefault("skipped", []).append(name)
             continue
         compiled = torch.compile(spec.unfused_ops(), dynamic=False)
         for t in tokens:
             try:
-                row = bench_kernel(spec, t, torch.bfloat16, 6, compiled)
+                row = bench_kernel(spec, t, torch.bfloat16, sweep, compiled)
                 row["frac_of_copy_bw"] = row["best_gbps"] / ceilings.copy_gbps
+                if "best_tflops" in row:
+                    row["frac_of_matmul"] = row["best_tflops"] / ceilings.matmul_tflops["bfloat16"]
                 rows.append(row)
                 log(f"{name:16s} {t:5d}: eager {row['eager_ms']*1e3:7.1f}us compile {row['compile_ms']*1e3:7.1f}us "
-                    f"ours {row['best_ms']*1e3:7.1f}us {row['best_gbps']:5.0f} GB/s ({100*row['frac_of_copy_bw']:.0f}% copy)")
+                    f"ours {row['best_ms']*1e3:7.1f}us {row['best_gbps']:5.0f} GB/s ({100*row['frac_of_copy_bw']:.0f}% copy)"
+                    + (f" {row['best_tflops']:.0f} TFLOP/s ({100 * row['frac_of_matmul']:.0f}% mm)"
+                       if "best_tflops" in row else ""))
             except Exception as exc:
                 failures.append({"kernel": name, "tokens": t, "error": f"{type(exc).__name__}: {exc}"[:400]})
                 log(f"{name} {t} FAILED {failures[-1]['error']}")
@@ -139,6 +149,8 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=560.0, help="seconds; later stages are skipped")
     ap.add_argument("--compile", default="default,reduce-overhead", help="torch.compile modes in apply")
     ap.add_argument("--kernel-tokens", default="1,128,512,2048,8192")
+    ap.add_argument("--kernels", default="", help="kernels to bench, in order (default: all)")
+    ap.add_argument("--sweep", type=int, default=6, help="configs timed per kernel and shape")
     ap.add_argument("--plans", default=",".join(PLANS), help="plan files for the apply stage")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -147,11 +159,12 @@ def main() -> None:
         f"TFLOP/s, launch {ceilings.launch_us:.2f} us, graph {ceilings.graph_launch_us}")
     os.environ.setdefault("ADVISOR_EXAMPLE_SIZE", "full")
     mf = load_model_file(MODEL)
-    model = build(mf, dev, torch.bfloat16)
+    stages = args.stages.split(",")
+    model = build(mf, dev, torch.bfloat16) if {"analysis", "apply"} & set(stages) else None
     base = header(dev, model=MODEL, dtype="bfloat16", batch=1, timing="do_bench median (CUDA events, L2 flush)")
     base["ceilings"] = {"copy_gbps": ceilings.copy_gbps, "matmul_tflops": ceilings.matmul_tflops,
                         "launch_us": ceilings.launch_us, "graph_launch_us": ceilings.graph_launch_us}
-    for stage in args.stages.split(","):
+    for stage in stages:
         if time.time() - T0 > args.deadline:
             log(f"skipping {stage}: past the deadline")
             continue
@@ -164,7 +177,8 @@ def main() -> None:
                             compile_modes=tuple(m for m in args.compile.split(",") if m),
                             plans=tuple(p for p in args.plans.split(",") if p))
             elif stage == "kernels":
-                stage_kernels(dev, ceilings, out, tuple(int(t) for t in args.kernel_tokens.split(",")))
+                stage_kernels(dev, ceilings, out, tuple(int(t) for t in args.kernel_tokens.split(",")),
+                              tuple(k for k in args.kernels.split(",") if k), args.deadline, args.sweep)
         except Exception as exc:
             out["error"] = traceback.format_exc()[-3000:]
             log(f"stage {stage} failed: {type(exc).__name__}: {exc}")

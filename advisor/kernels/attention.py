@@ -34,6 +34,7 @@ import math
 from collections.abc import Mapping
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -92,6 +93,29 @@ def _rope_ref(x, cos, sin, interleaved):
 def reference_op(q, k, v, cos, sin, mask, causal, scale, interleaved) -> torch.Tensor:
     """`reference` in the custom op's argument order (the KernelSpec tuple)."""
     return reference(q, k, v, cos, sin, causal, scale, mask, cos is not None, interleaved)
+
+
+def unfused(q, k, v, cos, sin, mask, causal, scale, interleaved) -> torch.Tensor:
+    """The eager ops a `transformers` model runs instead: RoPE as separate elementwise ops
+    (`rope.unfused`), then `scaled_dot_product_attention` with its best backend (GQA through
+    `enable_gqa`, causal through `is_causal` where queries and keys align, else a bottom-right
+    boolean mask). The benchmark's baseline; rows with every key masked give NaN here."""
+    tq, tk = q.shape[2], k.shape[2]
+    if cos is not None:
+        if tq == tk:
+            q, k = rope.unfused(q, k, cos, sin, interleaved)
+        else:
+            q = rope.unfused(q, q[:, :1], cos[..., tk - tq:, :], sin[..., tk - tq:, :], interleaved)[0]
+            k = rope.unfused(k, k[:, :1], cos, sin, interleaved)[0]
+    attn_mask, is_causal = mask, False
+    if causal and tq > 1:
+        if mask is None and tq == tk:
+            is_causal = True
+        else:
+            keep = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
+            attn_mask = keep if mask is None else mask.masked_fill(~keep, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                          scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
 # --------------------------------------------------------------------------- kernels
@@ -561,6 +585,7 @@ register(KernelSpec(
     name="attention", reference=reference_op, launch=launch_attention, space=SPACE,
     make_inputs=make_inputs, problem=problem, bytes_moved=bytes_moved,
     spills=spills_attention, bench_dims=_bench_dims, unfused_launches=19,
+    unfused=unfused, flops=lambda q, k, *rest: flops(q, k, causal=rest[4]),
     test_dims=({"batch": 2, "hq": 4, "hkv": 2, "tq": 19, "tk": 19, "d": 32, "causal": 1,
                 "rope": 1, "mask": 1},
                {"batch": 1, "hq": 3, "hkv": 1, "tq": 21, "tk": 26, "d": 16, "r": 8,
@@ -570,6 +595,7 @@ register(KernelSpec(
     name="attention_decode", reference=reference_op, launch=launch_attention, space=SPACE,
     make_inputs=make_inputs, problem=problem, bytes_moved=bytes_moved,
     spills=spills_attention, bench_dims=_bench_decode_dims, unfused_launches=9,
+    unfused=unfused, flops=lambda q, k, *rest: flops(q, k, causal=rest[4]),
     test_dims=({"batch": 2, "hq": 4, "hkv": 2, "tq": 1, "tk": 37, "d": 32, "causal": 1},
                {"batch": 1, "hq": 3, "hkv": 1, "tq": 3, "tk": 29, "d": 16, "rope": 1,
                 "mask": 1}),

@@ -573,6 +573,11 @@ def _bytes(n: int, x: torch.Tensor, *tensors: torch.Tensor | None) -> int:
     return out + sum(t.numel() * t.element_size() for t in (x, *tensors) if t is not None)
 
 
+def _flops(x: torch.Tensor, w: torch.Tensor) -> int:
+    """2·M·N·K of x (..., K) · wᵀ (N, K); for the merged gate/up weight N is both halves."""
+    return 2 * (x.numel() // x.shape[-1]) * w.shape[0] * x.shape[-1]
+
+
 def _spec(name: str, *, bench_n: int, bench_extra: Mapping[str, int], **fields: Any) -> KernelSpec:
     return register(KernelSpec(
         name=name, space=SPACE, usable=lambda x, *_: _use_triton(x),
@@ -581,6 +586,7 @@ def _spec(name: str, *, bench_n: int, bench_extra: Mapping[str, int], **fields: 
 
 _spec("gemm_epilogue", reference=reference, unfused=unfused, launch=launch_gemm_epilogue,
       make_inputs=_make_epilogue, problem=lambda x, w, *_: _problem(x, w),
+      flops=lambda x, w, *_: _flops(x, w),
       bytes_moved=lambda x, w, b, r, act: _bytes(w.shape[0], x, w, b, r),
       test_dims=({"M": 3, "K": 24, "N": 8, "bias": 1, "residual": 1, "act": 1},
                  {"M": 17, "K": 40, "N": 40, "act": 2}, {"M": 1, "K": 40, "N": 40, "residual": 1}),
@@ -588,6 +594,7 @@ _spec("gemm_epilogue", reference=reference, unfused=unfused, launch=launch_gemm_
       unfused_launches=2, spills=spills_gemm_epilogue)  # o_proj GEMM, residual add
 _spec("gemm_swiglu", reference=reference_swiglu, unfused=unfused_swiglu, launch=launch_gemm_swiglu,
       make_inputs=_make_swiglu, problem=lambda x, w_gu, act: _problem(x, w_gu, gated=True),
+      flops=lambda x, w_gu, act: _flops(x, w_gu),
       bytes_moved=lambda x, w_gu, act: _bytes(w_gu.shape[0] // 2, x, w_gu),
       test_dims=({"M": 3, "K": 24, "N": 8}, {"M": 17, "K": 40, "N": 40, "act": 1},
                  {"M": 1, "K": 40, "N": 40, "act": 3}),
@@ -595,6 +602,7 @@ _spec("gemm_swiglu", reference=reference_swiglu, unfused=unfused_swiglu, launch=
       unfused_launches=4, spills=spills_gemm_swiglu)  # gate GEMM, up GEMM, act, mul
 _spec("gemm_rmsnorm", reference=reference_rmsnorm, unfused=unfused_rmsnorm, launch=launch_gemm_rmsnorm,
       make_inputs=_make_rmsnorm, problem=lambda x, norm_w, w, *_: _problem(x, w),
+      flops=lambda x, norm_w, w, *_: _flops(x, w),
       bytes_moved=lambda x, norm_w, w, *_: _bytes(w.shape[0], x, norm_w, w),
       test_dims=({"M": 3, "K": 24, "N": 8}, {"M": 17, "K": 40, "N": 40, "weight_offset": 1},
                  {"M": 1, "K": 40, "N": 40}),

@@ -67,6 +67,9 @@ class KernelSpec:
     # inputs' dtype, one launch per op) — the benchmark's "unfused eager" baseline.
     # Default: `reference` (which computes in fp32 and may cost more than eager does).
     unfused: Callable[..., Any] | None = None
+    # flops(*inputs) -> matmul FLOPs, for kernels bound by compute at large sizes (GEMMs,
+    # attention): the benchmark reports TFLOP/s against the measured matmul ceiling.
+    flops: Callable[..., int] | None = None
 
     def unfused_ops(self) -> Callable[..., Any]:
         return self.unfused if self.unfused is not None else self.reference

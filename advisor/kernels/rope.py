@@ -81,6 +81,29 @@ def reference_cache(q, k, v, cos, sin, k_cache, v_cache, cache_position,
     return qo
 
 
+def unfused(q, k, cos, sin, interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE as `transformers` models run it: elementwise ops in the inputs' dtype, one launch
+    each (mul, slice/neg/cat for rotate-half, mul, add; for q and for k). Only the layout of
+    the benchmark baseline: partial rotary dims and interleaving go through `reference`."""
+    if interleaved or cos.shape[-1] != q.shape[-1]:
+        return reference(q, k, cos, sin, interleaved)
+    c, s = _table(cos).unsqueeze(1), _table(sin).unsqueeze(1)  # (Bc, 1, T, D)
+
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+
+
+def unfused_cache(q, k, v, cos, sin, k_cache, v_cache, cache_position, interleaved=False):
+    """`unfused` + StaticCache.update's two index_copy_ launches."""
+    qo, ko = unfused(q, k, cos, sin, interleaved)
+    k_cache.index_copy_(2, cache_position, ko)
+    v_cache.index_copy_(2, cache_position, v)
+    return qo
+
+
 # --------------------------------------------------------------------------- kernel
 
 
@@ -426,12 +449,12 @@ register(KernelSpec(
     name="rope_qk", reference=reference, launch=launch_rope_qk, space=SPACE,
     make_inputs=make_inputs, bytes_moved=bytes_moved, spills=spills_rope_qk,
     problem=lambda q, k, cos, sin, inter=False: _problem(q, k, cos, inter),
-    test_dims=_TEST_DIMS, bench_dims=_bench_dims, unfused_launches=10,
+    test_dims=_TEST_DIMS, bench_dims=_bench_dims, unfused_launches=10, unfused=unfused,
 ))
 register(KernelSpec(
     name="rope_qk_cache", reference=reference_cache, launch=launch_rope_qk_cache, space=SPACE,
     make_inputs=make_cache_inputs, bytes_moved=bytes_moved_cache, spills=spills_rope_qk_cache,
     problem=lambda q, k, v, cos, sin, kc, vc, pos, inter=False: _problem(q, k, cos, inter),
-    test_dims=_TEST_DIMS, unfused_launches=12,
+    test_dims=_TEST_DIMS, unfused_launches=12, unfused=unfused_cache,
     bench_dims=lambda n: {**_bench_dims(n), "s_max": max(4096, 2 * n)},
 ))
