@@ -167,15 +167,27 @@ def test_rejects_bad_input():
         lambda: norm.launch_layer_norm(x, w, b[:10], EPS),             # bias width
         lambda: norm.launch_layer_norm(x, w, b, EPS, out=x.half()),    # out dtype
         lambda: norm.launch_rms_norm(x, w, EPS, config={"BLOCK_N": 32}),  # unknown config
-        lambda: norm.launch_rms_norm(  # BLOCK_N < N
-            _t((1, 300), torch.float32, 0), _t((300,), torch.float32, 1), EPS,
-            config={"BLOCK_N": 256, "num_warps": 1, "ROWS_PER_PROG": 1}),
         lambda: norm.launch_rms_norm(  # wider than one tile
             torch.ones(1, 40000), torch.ones(40000), EPS),
     ]
     for call in bad:
         with pytest.raises(KernelInputError):
             call()
+
+
+def test_config_outside_keep_runs_the_default():
+    """A recipe's config is tuned at its bucket's representative length; other lengths in
+    the bucket (fewer rows than ROWS_PER_PROG) or a row wider than its tile must still run
+    correctly: the launcher falls back to the problem's default config."""
+    tuned = {"BLOCK_N": 256, "num_warps": 1, "ROWS_PER_PROG": 4}
+    for rows, width in ((2, 200), (3, 200), (1, 300)):
+        problem = {"n_rows": rows, "n_cols": width, "dtype": "torch.float32"}
+        assert not norm.SPACE.keep(tuned, problem)
+        assert norm.SPACE.resolve(tuned, problem) == norm.SPACE.default(problem)
+        x, w = _t((rows, width), torch.float32, 0), _t((width,), torch.float32, 1)
+        assert_close(norm.launch_rms_norm(x, w, EPS, config=tuned), norm.rms_norm_reference(x, w, EPS))
+    with pytest.raises(KernelInputError):  # malformed: a value off the axis
+        norm.SPACE.resolve({**tuned, "ROWS_PER_PROG": 3}, {"n_rows": 8, "n_cols": 200, "dtype": "x"})
 
 
 # ----------------------------------------------------------------------------- custom ops

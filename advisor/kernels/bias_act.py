@@ -39,7 +39,6 @@ from advisor.kernels.gated_act import (
     as_rows,
     grid_of,
     out_buffer,
-    resolve_config,
 )
 from advisor.kernels.registry import KernelSpec, register
 from advisor.kernels.space import Problem, decode
@@ -110,7 +109,7 @@ def _prepare(x: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, activation:
     n_cols = x.shape[-1]
     x2, out2 = as_rows(x, n_cols), out.view(-1, n_cols)  # (rows, N)
     n_rows = x2.shape[0]
-    cfg = resolve_config(config, {"n_rows": n_rows, "n_cols": n_cols, "dtype": str(x.dtype)})
+    cfg = SPACE.resolve(config, {"n_rows": n_rows, "n_cols": n_cols, "dtype": str(x.dtype)})
     args = (x2, bias.contiguous(), out2, n_rows, n_cols, x2.stride(0), out2.stride(0))
     return args, {"ACT": activation_code(activation), **cfg}, grid_of(cfg, n_rows, n_cols)
 

@@ -198,17 +198,6 @@ def as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
     return rows if rows.stride(-1) == 1 or n_cols == 1 else rows.contiguous()
 
 
-def resolve_config(config: Mapping[str, int] | None, problem: Problem) -> Config:
-    """`None` -> the heuristic default. A given config must use the space's axes and
-    values; `keep` is not applied (a config tuned at one size must still run at another)."""
-    if config is None:
-        return SPACE.default(problem)
-    check(set(config) == set(SPACE.axes), f"config keys {sorted(config)} != {sorted(SPACE.axes)}")
-    for name, value in config.items():
-        check(value in SPACE.axes[name], f"config {name}={value} not in {SPACE.axes[name]}")
-    return {k: int(v) for k, v in config.items()}
-
-
 def grid_of(cfg: Config, n_rows: int, n_cols: int) -> tuple[int, int]:
     return triton.cdiv(n_rows, cfg["BLOCK_M"]), triton.cdiv(n_cols, cfg["BLOCK_N"])
 
@@ -236,7 +225,7 @@ def _prepare(gate2: torch.Tensor, up2: torch.Tensor, out2: torch.Tensor, activat
              config: Mapping[str, int] | None) -> tuple[tuple, dict[str, int], tuple[int, int]]:
     """Kernel arguments, constexprs and grid for 2-D row views of gate, up, out."""
     n_rows, n_cols = gate2.shape
-    cfg = resolve_config(config, {"n_rows": n_rows, "n_cols": n_cols, "dtype": str(gate2.dtype)})
+    cfg = SPACE.resolve(config, {"n_rows": n_rows, "n_cols": n_cols, "dtype": str(gate2.dtype)})
     args = (gate2, up2, out2, n_rows, n_cols, gate2.stride(0), up2.stride(0), out2.stride(0))
     meta = {"ACT": activation_code(activation), **cfg}
     return args, meta, grid_of(cfg, n_rows, n_cols)

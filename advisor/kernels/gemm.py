@@ -354,17 +354,6 @@ SPACE = ConfigSpace(
 # ----------------------------------------------------------------------------- launchers
 
 
-def resolve_config(config: Mapping[str, int] | None, problem: Problem) -> Config:
-    """None/{} -> the default. A given config must use the space's axes and values; `keep`
-    is not applied (a config tuned at one size must still run at another)."""
-    if not config:
-        return SPACE.default(problem)
-    check(set(config) == set(SPACE.axes), f"config keys {sorted(config)} != {sorted(SPACE.axes)}")
-    for name, value in config.items():
-        check(value in SPACE.axes[name], f"config {name}={value} not in {SPACE.axes[name]}")
-    return {k: int(v) for k, v in config.items()}
-
-
 def _check_x_w(x: torch.Tensor, w: torch.Tensor) -> None:
     check_float("x", x)
     check(x.dim() >= 1 and x.shape[-1] > 0, f"x shape {tuple(x.shape)}: need (..., K), K > 0")
@@ -393,7 +382,7 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
     if m == 0 or n == 0:
         return y.view(*x.shape[:-1], n), None
     problem = {"M": m, "N": n, "K": k, "dtype": str(x.dtype), "gated": int(gated)}
-    cfg = resolve_config(config, problem)
+    cfg = SPACE.resolve(config, problem)
     r2 = as_rows(residual, n) if residual is not None else y  # (M, N), unit column stride
     g, rs, offset = y, y, 0.0  # placeholders for pointers a flag leaves unused
     if norm is not None:

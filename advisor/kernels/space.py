@@ -59,25 +59,34 @@ class ConfigSpace:
         return [cfg for cfg in grid if self.keep(cfg, problem)]
 
     def resolve(self, cfg: Mapping[str, int] | None, problem: Problem) -> Config:
-        """What a launcher runs: the default for an empty config, else `cfg` validated;
-        an invalid config is a KernelInputError (a clear error, not a Triton crash)."""
+        """What a launcher runs: the default for an empty config; a malformed config (keys
+        or values off the axes) is a KernelInputError (a clear error, not a Triton crash).
+        A well-formed config that `keep` rejects for *this* problem runs the problem's
+        default instead: a config is tuned at a bucket's representative length, and every
+        other length routed to that bucket must still run (a tile wider than the rows,
+        split-K off the decode path)."""
         from advisor.errors import KernelInputError
 
         if not cfg:
             return self.default(problem)
         try:
-            return self.validate(cfg, problem)
+            clean = self.well_formed(cfg)
         except ValueError as e:
             raise KernelInputError(f"config: {e}") from None
+        return clean if self.keep(clean, problem) else self.default(problem)
 
-    def validate(self, cfg: Mapping[str, int], problem: Problem) -> Config:
-        """Check a config from outside (a recipe, a CLI flag) against this space."""
+    def well_formed(self, cfg: Mapping[str, int]) -> Config:
+        """`cfg` as ints when it names every axis and only values on them; else ValueError."""
         if set(cfg) != set(self.axes):
             raise ValueError(f"config keys {sorted(cfg)} != space axes {sorted(self.axes)}")
         for name, value in cfg.items():
             if value not in self.axes[name]:
                 raise ValueError(f"{name}={value} is not one of {self.axes[name]}")
-        clean = {k: int(v) for k, v in cfg.items()}
+        return {k: int(v) for k, v in cfg.items()}
+
+    def validate(self, cfg: Mapping[str, int], problem: Problem) -> Config:
+        """Check a config from outside (a recipe, a CLI flag) against this space."""
+        clean = self.well_formed(cfg)
         if not self.keep(clean, problem):
             raise ValueError(f"config {encode(clean)} is not valid for problem {dict(problem)}")
         return clean
