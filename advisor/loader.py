@@ -6,6 +6,9 @@ A model file defines::
     make_inputs(seq_len, batch, device) -> tuple | dict   # positional or keyword args of forward
     make_decode_inputs(context_len, batch, device[, dtype])  # optional, for --phase decode:
         # one decode step's inputs with a KV cache already filled to context_len
+    next_decode_inputs(inputs, next_ids) -> tuple | dict  # optional, for bench --generate:
+        # the next step's inputs given next_ids (B, 1) on the device (no host sync); by
+        # default dict inputs get input_ids = next_ids and cache_position / position_ids + 1
 
 Every failure (missing file, syntax/import error, missing function, a forward that raises)
 becomes one `ModelFileError` line naming the file and the cause.
@@ -74,6 +77,7 @@ class ModelFile:
     build_model: Callable[[torch.device, torch.dtype], torch.nn.Module]
     make_inputs: Callable[[int, int, torch.device], Inputs]
     make_decode_inputs: Callable[[int, int, torch.device], Inputs] | None
+    next_decode_inputs: Callable[[Inputs, torch.Tensor], Inputs] | None = None
 
 
 def _import_file(path: Path) -> ModuleType:
@@ -116,10 +120,12 @@ def load_model_file(path: str | Path) -> ModelFile:
             raise ModelFileError(f"{p}: missing function {fname}(...) required by the model-file contract")
         funcs[fname] = fn
     decode = getattr(module, "make_decode_inputs", None)
+    advance = getattr(module, "next_decode_inputs", None)
     return ModelFile(
         path=p, sha256=hashlib.sha256(source).hexdigest(),
         build_model=funcs["build_model"], make_inputs=funcs["make_inputs"],
         make_decode_inputs=decode if callable(decode) else None,
+        next_decode_inputs=advance if callable(advance) else None,
     )
 
 

@@ -17,22 +17,30 @@ import torch
 MAX_DEPTH = 6
 
 
-def tensors_in(obj: Any, depth: int = 0, seen: set[int] | None = None) -> Iterator[torch.Tensor]:
+def objects_in(obj: Any, depth: int = 0, seen: set[int] | None = None) -> Iterator[Any]:
+    """`obj` and everything reachable from it through lists/tuples/dicts and plain objects'
+    attributes (not into tensors, modules or classes), each once, at most MAX_DEPTH deep."""
     seen = set() if seen is None else seen
     if depth > MAX_DEPTH or id(obj) in seen:
         return
     seen.add(id(obj))
+    yield obj
     if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, Mapping):
-        for v in obj.values():
-            yield from tensors_in(v, depth + 1, seen)
+        return
+    if isinstance(obj, Mapping):
+        children: Any = obj.values()
     elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from tensors_in(v, depth + 1, seen)
+        children = obj
     elif hasattr(obj, "__dict__") and not isinstance(obj, (type, torch.nn.Module)):
-        for v in vars(obj).values():
-            yield from tensors_in(v, depth + 1, seen)
+        children = vars(obj).values()
+    else:
+        return
+    for v in children:
+        yield from objects_in(v, depth + 1, seen)
+
+
+def tensors_in(obj: Any) -> Iterator[torch.Tensor]:
+    return (o for o in objects_in(obj) if isinstance(o, torch.Tensor))
 
 
 class Snapshot:

@@ -53,3 +53,19 @@ def kernels_per_call(fn: Callable[[], Any], device: torch.device) -> int | None:
         fn()
         torch.cuda.synchronize()
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def elapsed_ms(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
+    """Run `fn` once, timed end to end: CUDA events around it after a synchronize (what
+    the device spent, launch gaps included), wall clock on the CPU."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        result = fn()
+        return result, (time.perf_counter() - t0) * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    result = fn()
+    end.record()
+    end.synchronize()
+    return result, start.elapsed_time(end)
