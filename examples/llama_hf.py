@@ -52,12 +52,13 @@ def make_decode_inputs(context_len: int, batch: int, device: torch.device,
                        dtype: torch.dtype = torch.float32) -> dict:
     """One decode step: a new token per sequence and a static KV cache already holding
     `context_len` positions (random keys/values: latency does not depend on them, and the
-    fused and unfused models read the same cache)."""
+    fused and unfused models read the same cache), with room for max(context_len, 256) more
+    steps. The default advance (input_ids, cache_position + 1) generates from it."""
     from transformers import StaticCache
 
     config = _config(torch.device(device))
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    max_len = max(2 * context_len, context_len + 64)
+    max_len = context_len + max(context_len, 256)
     cache = StaticCache(config=config, max_cache_len=max_len)
     g = torch.Generator().manual_seed(context_len * 7 + batch)
     shape = (batch, config.num_key_value_heads, context_len, head_dim)

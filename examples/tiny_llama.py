@@ -168,13 +168,19 @@ def make_inputs(seq_len: int, batch: int, device: torch.device) -> tuple:
 def make_decode_inputs(context_len: int, batch: int, device: torch.device,
                        dtype: torch.dtype = torch.float32) -> dict:
     """One decode step: a new token per sequence at position `context_len`, and a static KV
-    cache (random past keys/values) with room for more steps."""
+    cache (random past keys/values) with room for max(context_len, 256) more steps."""
     d = dims_for(torch.device(device))
     g = torch.Generator().manual_seed(context_len * 7 + batch)
-    s_max = max(2 * context_len, context_len + 64)
+    s_max = context_len + max(context_len, 256)
     shape = (batch, d.kv_heads, s_max, d.head_dim)
     cache = [(torch.randn(shape, generator=g).to(device=device, dtype=dtype),
               torch.randn(shape, generator=g).to(device=device, dtype=dtype)) for _ in range(d.layers)]
     tokens = torch.randint(0, d.vocab, (batch, 1), generator=g).to(device)
     return {"tokens": tokens, "cache": cache,
             "cache_position": torch.tensor([context_len], device=device)}
+
+
+def next_decode_inputs(inputs: dict, next_ids: torch.Tensor) -> dict:
+    """The next decode step (greedy generation): `next_ids` (B, 1) at the next position,
+    the same cache (already updated in place by the step before)."""
+    return {**inputs, "tokens": next_ids, "cache_position": inputs["cache_position"] + 1}
