@@ -4,6 +4,11 @@ For each shape: latency (median), speed-up over eager, kernels per forward (CUDA
 memory, and time of the first call (compile / apply cost). The recipe's outputs are
 checked against eager first (the whole-model tolerance of the dtype): a mismatch is
 reported, not timed as a win.
+
+With `--phase decode --generate N`, every variant also generates N greedy tokens from
+each context length (`advisor.generate`): per-token latency and tokens/s of the whole
+loop, the tokens, and how they and each step's logits compare with eager's. The JSON
+holds these rows under "generation", next to "rows".
 """
 
 from __future__ import annotations
@@ -13,8 +18,19 @@ from typing import Any
 
 import torch
 
+from advisor.errors import AdvisorError, ModelFileError
+from advisor.generate import Generation, advancer, check_capacity, compare, timed_greedy
 from advisor.kernels.testing import max_abs_error, max_violation, rel_error, tolerance
-from advisor.loader import ModelFile, build, call, checked_forward, first_tensor, inputs_for
+from advisor.loader import (
+    Inputs,
+    ModelFile,
+    _one_line,
+    build,
+    call,
+    checked_forward,
+    first_tensor,
+    inputs_for,
+)
 from advisor.runtime.apply import apply
 from advisor.runtime.recipe import Recipe
 from advisor.state import Snapshot
@@ -29,6 +45,7 @@ class BenchResult:
     applied: list[dict[str, Any]] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    generation: list[dict[str, Any]] = field(default_factory=list)  # phase decode, --generate N
 
 
 def _peak_mb(fn: Any, device: torch.device) -> float | None:
@@ -67,47 +84,48 @@ def fp32_truth(mf: ModelFile, model: torch.nn.Module, shapes: tuple[int, ...], b
 
 def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int,
               device: torch.device, dtype: torch.dtype, compile_modes: tuple[str, ...],
-              phase: str = "prefill", truth: bool = True) -> BenchResult:
+              phase: str = "prefill", truth: bool = True, generate: int = 0,
+              generate_reps: int = 3) -> BenchResult:
     """shapes are prompt lengths (prefill) or KV-cache context lengths (decode). Each
     shape's inputs are snapshot once; state they hold (a KV cache) is restored before
-    every correctness check, so fused and eager see the same cache."""
+    every correctness check, so fused and eager see the same cache. With phase decode and
+    generate=N, each variant also generates N greedy tokens per shape (`result.generation`)."""
     from advisor.env import environment
 
+    if generate and phase != "decode":
+        raise AdvisorError("--generate needs --phase decode (it generates tokens from a filled KV cache)")
     model = build(mf, device, dtype)
     result = BenchResult(environment=environment(device),
                          meta={"model": str(mf.path), "dtype": str(dtype), "batch": batch, "phase": phase,
-                               "shapes": list(shapes), "compile_modes": list(compile_modes)})
+                               "shapes": list(shapes), "compile_modes": list(compile_modes),
+                               "generate": generate})
     inputs = {t: inputs_for(mf, t, batch, device, phase=phase, dtype=dtype) for t in shapes}
     states = {t: Snapshot(inputs[t]) for t in shapes}
     refs = {t: first_tensor(checked_forward(mf, model, inputs[t])) for t in shapes}
     for s in states.values():
         s.restore()
     exact = fp32_truth(mf, model, shapes, batch, device, phase) if truth and dtype != torch.float32 else {}
-    rows: list[dict[str, Any]] = []
     # Decode calls are routed by context length, which the bench knows (reading it from
     # cache_position would cost a device sync per step).
     context = {"len": 0}
     length_of = (lambda args, kwargs: context["len"]) if phase == "decode" else None
+    gen = _GenerationBench(mf, inputs, states, generate, device, dtype, context, recipe,
+                           generate_reps) if generate else None
+    rows: list[dict[str, Any]] = []
     with torch.no_grad():
         for t in shapes:
             rows.append(_measure("eager", lambda t=t: call(model, inputs[t]), device, 0.0, t))
             states[t].restore()
             if t in exact:
                 rows[-1]["rel_error_vs_fp32"] = rel_error(refs[t].float(), exact[t])
+        if gen:
+            gen.run("eager", model)
         fast = apply(model, recipe, length_of=length_of)
         for t in shapes:
             context["len"] = t
-            out, first = timed_call(lambda t=t: call(fast, inputs[t]), device)
-            states[t].restore()
-            row = _measure("advisor", lambda t=t: call(fast, inputs[t]), device, first, t)
-            states[t].restore()
-            got = first_tensor(out)
-            row["max_error"] = max_abs_error(got, refs[t])
-            row["rel_error"] = rel_error(got, refs[t])
-            row["matches_eager"] = max_violation(got, refs[t], tolerance(dtype, model=True)) <= 0
-            if t in exact:
-                row["rel_error_vs_fp32"] = rel_error(got.float(), exact[t])
-            rows.append(row)
+            rows.append(_advisor_row(fast, inputs[t], states[t], refs[t], exact.get(t), device, dtype, t))
+        if gen:
+            gen.run("advisor", fast)
         result.applied = fast.summary()
         for mode in compile_modes:
             torch._dynamo.reset()
@@ -116,14 +134,98 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
                 _, first = timed_call(lambda t=t, c=compiled: call(c, inputs[t]), device)
                 rows.append(_measure(f"torch.compile[{mode}]", lambda t=t, c=compiled: call(c, inputs[t]),
                                      device, first, t))
+            if gen:
+                gen.run(f"torch.compile[{mode}]", compiled)
         torch._dynamo.reset()
-    eager = {r["shape"]: r["ms"] for r in rows if r["variant"] == "eager"}
-    for r in rows:
-        r["speedup_vs_eager"] = eager[r["shape"]] / r["ms"] if r["ms"] else None
-    result.rows = sorted(rows, key=lambda r: (r["shape"], r["variant"] != "eager"))
+    result.rows = _with_speedups(rows, "ms")
+    result.generation = _with_speedups(gen.rows, "ms_per_token") if gen else []
     return result
+
+
+def _advisor_row(fast: Any, x: Inputs, state: Snapshot, ref: torch.Tensor, exact: torch.Tensor | None,
+                 device: torch.device, dtype: torch.dtype, t: int) -> dict[str, Any]:
+    """The recipe's latency at one shape, its outputs checked against eager's first."""
+    out, first = timed_call(lambda: call(fast, x), device)
+    state.restore()
+    row = _measure("advisor", lambda: call(fast, x), device, first, t)
+    state.restore()
+    got = first_tensor(out)
+    row["max_error"] = max_abs_error(got, ref)
+    row["rel_error"] = rel_error(got, ref)
+    row["matches_eager"] = max_violation(got, ref, tolerance(dtype, model=True)) <= 0
+    if exact is not None:
+        row["rel_error_vs_fp32"] = rel_error(got.float(), exact)
+    return row
+
+
+def _with_speedups(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """Rows sorted by shape, eager first, each with its speed-up over eager's `key`."""
+    eager = {r["shape"]: r[key] for r in rows if r["variant"] == "eager"}
+    for r in rows:
+        r["speedup_vs_eager"] = eager[r["shape"]] / r[key] if r[key] else None
+    return sorted(rows, key=lambda r: (r["shape"], r["variant"] != "eager"))
+
+
+def _warmup_steps(recipe: Recipe, context_len: int, steps: int) -> list[int]:
+    """The first few steps, plus the first step routed to each other bucket (so no
+    bucket compiles inside a timed loop as the context grows)."""
+    warm, seen = list(range(min(3, steps))), set()
+    for i in range(steps):
+        bucket = recipe.bucket_for(context_len + i)
+        key = None if bucket is None else bucket.max_len
+        if key not in seen:
+            seen.add(key)
+            warm += [] if i in warm else [i]
+    return warm
+
+
+class _GenerationBench:
+    """Greedy generation of `steps` tokens from each shape's decode inputs, one variant at
+    a time: eager's runs first and is the reference the others are compared with."""
+
+    def __init__(self, mf: ModelFile, inputs: dict[int, Inputs], states: dict[int, Snapshot], steps: int,
+                 device: torch.device, dtype: torch.dtype, context: dict[str, int], recipe: Recipe,
+                 reps: int):
+        for t, x in inputs.items():
+            check_capacity(mf, x, t, steps)
+        self.mf, self.inputs, self.states, self.steps = mf, inputs, states, steps
+        self.device, self.dtype, self.context, self.recipe, self.reps = device, dtype, context, recipe, reps
+        self.advance = {t: advancer(mf, x) for t, x in inputs.items()}
+        self.refs: dict[int, Generation] = {}
+        self.rows: list[dict[str, Any]] = []
+
+    def _generate(self, model: Any, t: int) -> Generation:
+        def on_step(i: int) -> None:
+            self.context["len"] = t + i  # the context grows by one token per step
+
+        return timed_greedy(model, self.inputs[t], self.steps, self.advance[t], self.device,
+                            self.states[t].restore, on_step=on_step,
+                            warmup=_warmup_steps(self.recipe, t, self.steps), reps=self.reps)
+
+    def run(self, variant: str, model: Any) -> None:
+        for t in self.inputs:
+            try:
+                gen = self._generate(model, t)
+            except AdvisorError:
+                raise
+            except Exception as exc:
+                if variant != "eager":
+                    raise
+                raise ModelFileError(f"{self.mf.path}: greedy generation from context {t} failed: "
+                                     f"{_one_line(exc)}") from None
+            assert gen.loop_ms is not None
+            row: dict[str, Any] = {
+                "shape": t, "variant": variant, "new_tokens": self.steps,
+                "ms_per_token": gen.loop_ms / self.steps,
+                "tokens_per_s": gen.tokens.shape[0] * self.steps * 1e3 / gen.loop_ms if gen.loop_ms else None}
+            if variant == "eager":
+                self.refs[t] = gen
+            else:
+                row.update(compare(gen, self.refs[t], self.dtype))
+            row["tokens"] = gen.tokens.tolist()
+            self.rows.append(row)
 
 
 def to_json(r: BenchResult) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "kind": "advisor.bench", "environment": r.environment,
-            "meta": r.meta, "rows": r.rows, "applied": r.applied}
+            "meta": r.meta, "rows": r.rows, "generation": r.generation, "applied": r.applied}

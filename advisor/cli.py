@@ -100,11 +100,16 @@ def bench(
     phase: PhaseOpt = "prefill",
     truth: Annotated[bool, typer.Option(
         help="also compare eager and fused outputs with a float32 copy of the model")] = True,
+    generate: Annotated[int, typer.Option(
+        "--generate", min=0, help="with --phase decode: also time N greedy tokens per context length "
+        "(per-token latency, tokens/s, tokens and logits vs eager)")] = 0,
 ) -> None:
     """Eager vs torch.compile vs the recipe, measured in one run, checked against eager."""
+    if generate and phase != "decode":
+        raise AdvisorError(f"--generate {generate} needs --phase decode (got --phase {phase})")
     from advisor.bench import run_bench, to_json
     from advisor.loader import load_model_file, parse_shapes
-    from advisor.report.console import render_rows
+    from advisor.report.console import render_generation, render_rows
     from advisor.runtime.plan import ALL_FUSIONS
     from advisor.runtime.recipe import Recipe, load_recipe, write_json_atomic
 
@@ -113,8 +118,10 @@ def bench(
     rec = load_recipe(recipe) if recipe else Recipe.from_plan(ALL_FUSIONS)
     dev, dt = _device_dtype(device, dtype)
     modes = tuple(m for m in compile_modes.split(",") if m and m != "none")
-    result = run_bench(mf, rec, lengths, batch, dev, dt, modes, phase=phase, truth=truth)
+    result = run_bench(mf, rec, lengths, batch, dev, dt, modes, phase=phase, truth=truth,
+                       generate=generate)
     render_rows("latency per forward (median)", result.rows, stdout)
+    render_generation(result.generation, stdout)
     render_rows("fusions applied", result.applied, stdout)
     if json_path is not None:
         write_json_atomic(json_path, to_json(result))

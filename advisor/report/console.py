@@ -113,3 +113,29 @@ def _cell(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "; ".join(map(str, v))[:120] or "-"
     return str(v)
+
+
+GENERATION_COLUMNS = {
+    "shape": "context", "variant": "variant", "ms_per_token": "ms/token", "tokens_per_s": "tokens/s",
+    "speedup_vs_eager": "speed-up", "tokens_match": "same tokens", "first_divergence": "diverges at",
+    "max_error": "max |Δlogit|", "matches_eager": "ok",
+}
+TOKENS_SHOWN = 5
+
+
+def render_generation(rows: Iterable[dict[str, Any]], console: Console) -> None:
+    """Greedy generation rows (bench --generate): per-token latency, tokens/s, agreement
+    with eager, and the first tokens of the first sequence."""
+    rows = list(rows)
+    if not rows:
+        return
+    t = Table(title=f"greedy generation: {rows[0].get('new_tokens')} new tokens per context "
+                    "(ms/token = whole loop / tokens)", title_justify="left")
+    for label in GENERATION_COLUMNS.values():
+        t.add_column(label)
+    t.add_column("first tokens", no_wrap=True, overflow="ellipsis", max_width=18)
+    for r in rows:
+        first = (r.get("tokens") or [[]])[0]
+        shown = ",".join(map(str, first[:TOKENS_SHOWN])) + ("…" if len(first) > TOKENS_SHOWN else "")
+        t.add_row(*[_cell(r.get(k)) for k in GENERATION_COLUMNS], shown)
+    console.print(t)
