@@ -14,7 +14,7 @@ import torch
 import advisor.bench as bench
 from advisor.bench import run_bench
 from advisor.errors import AdvisorError, ModelFileError
-from advisor.generate import advancer, default_next_inputs, greedy
+from advisor.generate import Generation, advancer, compare, default_next_inputs, greedy
 from advisor.loader import build, inputs_for, load_model_file
 from advisor.runtime.plan import UNFUSED
 from advisor.runtime.recipe import Recipe, load_recipe
@@ -147,6 +147,23 @@ def test_bench_runtime_sees_the_context_grow_by_one_per_step(tmp_path, monkeypat
                        torch.float32, (), phase="decode", generate=5, generate_reps=2)
     assert seen[-5:] == [12, 13, 14, 15, 16] and seen[-10:-5] == [12, 13, 14, 15, 16]
     assert [r["tokens_match"] for r in result.generation if r["variant"] == "advisor"] == [True]
+
+
+def test_decode_compare_judges_logits_up_to_the_first_divergence():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 6, 11, generator=g)  # (B, N, V)
+    ref = Generation(torch.randint(0, 11, (2, 6), generator=g), logits)
+    tokens = ref.tokens.clone()
+    tokens[1, 3] += 1  # sequence 1 takes another token at step 3
+    later = logits.clone()
+    later[:, 4:] += 100.0  # after the divergence the inputs differ: not compared
+    got = Generation(tokens, later)
+    fp32, bf16 = compare(got, ref, torch.float32), compare(got, ref, torch.bfloat16)
+    assert fp32["first_divergence"] == 3 and fp32["compared_steps"] == 4 and fp32["max_error"] == 0
+    assert not fp32["tokens_match"] and fp32["logits_match"] and not fp32["matches_eager"]
+    assert bf16["logits_match"] and bf16["matches_eager"]  # a near-tie may flip a bf16 token
+    off = Generation(tokens, logits + 1.0)  # every compared logit off by one: beyond the tolerance
+    assert not compare(off, ref, torch.bfloat16)["matches_eager"]
 
 
 def _cli(*args, **env):
