@@ -3,9 +3,10 @@
 Worker side (runs in a worker process, advisor/search/worker.py): `run_trial` applies the
 plan with `advisor.runtime.apply.apply`, runs it at the bucket's representative length
 (this compiles it), checks it against the unfused model there and at a second, fresh
-length inside the bucket (whole-model tolerance of the dtype; a NaN the reference does not
-have fails as `nan`), then times it (`advisor.timing.median_ms`). A failure is returned as
-a classified reason (`FAILURES`), never as an infinite time: Optuna takes ±inf as a
+length inside the bucket (`advisor.verify.judge`: within the whole-model tolerance of
+eager, or for bf16/fp16 at least as accurate as eager against an fp32 copy of the model;
+a NaN the reference does not have fails as `nan`), then times it (`advisor.timing.median_ms`).
+A failure is returned as a classified reason (`FAILURES`), never as an infinite time: Optuna takes ±inf as a
 COMPLETE value (RELIABILITY.md), so the parent raises `TrialFailed` and the trial is FAIL.
 
 A plan whose fusions all stayed unfused at every site (each site is confirmed before use,
@@ -34,7 +35,6 @@ import optuna
 import torch
 from optuna.trial import FrozenTrial, TrialState
 
-from advisor.kernels.testing import max_abs_error, max_violation, tolerance
 from advisor.loader import (
     ModelFile,
     build,
@@ -46,6 +46,7 @@ from advisor.loader import (
 )
 from advisor.runtime.plan import Plan
 from advisor.search.space import BucketSpace, suggest
+from advisor.verify import fp32_copy, judge, needs_truth
 
 if TYPE_CHECKING:
     from advisor.search.study import TuneOptions
@@ -126,6 +127,7 @@ class Context:
     batch: int
     faults: dict[str, str]
     phase: str = "prefill"
+    fp32: torch.nn.Module | None = None  # the model upcast, built on first need (verify.py)
 
 
 def parse_faults(text: str) -> dict[str, str]:
@@ -158,11 +160,11 @@ def verify_length(lower: int, length: int, number: int, seed: int) -> int:
     return random.Random(seed * 1_000_003 + number).randint(lo, hi)
 
 
-def _inputs(ctx: Context, length: int, seed: int) -> Any:
+def _inputs(ctx: Context, length: int, seed: int, dtype: torch.dtype | None = None) -> Any:
     torch.manual_seed(seed)  # model files that draw from the global generator get fresh values
     # Fresh inputs every time (for decode: a fresh KV cache), so a step's in-place cache
     # writes never leak into another check (item 13).
-    return inputs_for(ctx.mf, length, ctx.batch, ctx.device, phase=ctx.phase, dtype=ctx.dtype)
+    return inputs_for(ctx.mf, length, ctx.batch, ctx.device, phase=ctx.phase, dtype=dtype or ctx.dtype)
 
 
 def _forward(model: Any, inputs: Any) -> torch.Tensor:
@@ -170,14 +172,21 @@ def _forward(model: Any, inputs: Any) -> torch.Tensor:
         return first_tensor(call(model, inputs))
 
 
-def _verify(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> float:
-    if bool((torch.isnan(out) & ~torch.isnan(ref)).any()):
-        raise TrialFailed("nan", f"NaN in {int(torch.isnan(out).sum())} output elements")
-    tol = tolerance(dtype, model=True)
-    if max_violation(out, ref, tol) > 0:
-        raise TrialFailed("mismatch", f"max |err| {max_abs_error(out, ref):.3g} beyond "
-                                      f"atol {tol.atol} + rtol {tol.rtol}·|ref|")
-    return max_abs_error(out, ref)
+def _truth(ctx: Context, length: int, seed: int) -> torch.Tensor | None:
+    """The fp32 model's output on the same inputs (half-precision models only)."""
+    if not needs_truth(ctx.dtype):
+        return None
+    if ctx.fp32 is None:
+        ctx.fp32 = fp32_copy(ctx.model)
+    return _forward(ctx.fp32, _inputs(ctx, length, seed, torch.float32)).float()
+
+
+def _verify(out: torch.Tensor, ref: torch.Tensor, ctx: Context, length: int, seed: int) -> float:
+    """max |out − ref| when `out` passes (advisor/verify.py), else TrialFailed."""
+    verdict = judge(out, ref, ctx.dtype, _truth(ctx, length, seed))
+    if not verdict.ok:
+        raise TrialFailed(verdict.reason, verdict.detail)
+    return verdict.max_error
 
 
 def _applied(summary: list[dict[str, Any]]) -> tuple[dict[str, int], list[str]]:
@@ -236,10 +245,10 @@ def run_trial(ctx: Context, req: dict[str, Any], stage: Stage) -> dict[str, Any]
     stage("compiled")
     applied, unfused = _applied(fast.summary())
     hook = _fault(ctx.faults, applied)
-    err = _verify(hook(out), ref, ctx.dtype)
+    err = _verify(hook(out), ref, ctx, length, seed)
     length, seed = req["verify_len"], req["verify_seed"]  # fresh values, another length
     ref = _forward(ctx.model, _inputs(ctx, length, seed))
-    err = max(err, _verify(hook(_forward(fast, _inputs(ctx, length, seed))), ref, ctx.dtype))
+    err = max(err, _verify(hook(_forward(fast, _inputs(ctx, length, seed))), ref, ctx, length, seed))
     stage("verified")
     main = _inputs(ctx, req["length"], req["seed"])
     with torch.no_grad():
