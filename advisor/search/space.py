@@ -83,15 +83,19 @@ def plan_from_params(params: dict[str, Any], space: BucketSpace) -> Plan:
 
 def seed_params(space: BucketSpace) -> list[dict[str, Any]]:
     """Trials every study starts with: nothing fused, then the analyzer's predicted best
-    (every family with a positive predicted saving, default configs, no CUDA graph)."""
+    (every family with a positive predicted saving, default configs, no CUDA graph), then
+    where CUDA graphs are offered the same plan replayed from a graph: at short lengths
+    host time is most of the latency, and a short budget may never sample it otherwise."""
     nothing: dict[str, Any] = {f.family: False for f in space.families}
     best: dict[str, Any] = {f.family: f.predicted_saving_ms > 0 for f in space.families}
     for f in space.families:
         if best[f.family] and len(f.configs) > 1:
             best[config_param(f.family)] = DEFAULT_CONFIG
-    if space.cuda_graph:
-        nothing["cuda_graph"] = best["cuda_graph"] = False
-    return [nothing] if best == nothing else [nothing, best]
+    if not space.cuda_graph:
+        return [nothing] if best == nothing else [nothing, best]
+    nothing["cuda_graph"] = best["cuda_graph"] = False
+    seeds = [nothing] if best == nothing else [nothing, best]
+    return [*seeds, {**best, "cuda_graph": True}]
 
 
 # ---- worker side: find the space on the captured graph ------------------------------
