@@ -6,6 +6,13 @@ gets its own graph (no padding, so outputs are exactly the unfused model's), at 
 `max_graphs` per bucket (least recently used are dropped); a shape past that runs
 without a graph. Outputs are cloned out of the graph's static buffers so that a later
 replay cannot overwrite what the caller holds.
+
+Inputs the forward writes in place (a KV cache passed as tensors) are state, not data:
+the warm-up runs on clones and tells them apart (their version counter moves), and the
+graph is captured on the caller's own tensors for those, so each replay writes the live
+cache with no copies. A graph is therefore keyed by the input shapes and the addresses of
+its state tensors: the same shapes with another cache get their own graph (never a copy
+into, or out of, a cache the caller may still use).
 """
 
 from __future__ import annotations
@@ -29,48 +36,64 @@ def _key(args: tuple, kwargs: dict) -> tuple:
 class _Captured:
     def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict):
         flat, self.spec = tree_flatten((args, kwargs))
-        self.static = [x.clone() if isinstance(x, torch.Tensor) else x for x in flat]
-        a, k = tree_unflatten(self.static, self.spec)
+        clones = [x.clone() if isinstance(x, torch.Tensor) else x for x in flat]
+        versions = [x._version if isinstance(x, torch.Tensor) else None for x in clones]
+        a, k = tree_unflatten(clones, self.spec)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up outside capture (compiles, allocator, cuBLAS handles)
                 fn(*a, **k)
         torch.cuda.current_stream().wait_stream(stream)
+        # Written in place by the forward -> state: capture on the caller's tensor (held
+        # here, so its memory outlives the graph); else a private static copy.
+        self.state = [isinstance(c, torch.Tensor) and c._version != v for c, v in zip(clones, versions)]
+        self.static = [x if is_state else c for x, c, is_state in zip(flat, clones, self.state)]
+        a, k = tree_unflatten(self.static, self.spec)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.out = fn(*a, **k)
 
-    def __call__(self, args: tuple, kwargs: dict) -> Any:
-        flat, _ = tree_flatten((args, kwargs))
-        for dst, src in zip(self.static, flat):
-            if isinstance(dst, torch.Tensor):
+    def __call__(self, flat: list[Any]) -> Any:
+        """flat: the call's flattened inputs; its state tensors are the captured ones."""
+        for dst, src, is_state in zip(self.static, flat, self.state):
+            if isinstance(dst, torch.Tensor) and not is_state:
                 dst.copy_(src)
         self.graph.replay()
         return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.out)
 
 
+def _state_pointers(flat: list[Any], state: list[bool]) -> tuple[int, ...]:
+    return tuple(x.data_ptr() for x, is_state in zip(flat, state) if is_state)
+
+
 class GraphCache:
     def __init__(self, fn: Callable[..., Any], max_graphs: int = MAX_GRAPHS):
         self.fn, self.max_graphs = fn, max_graphs
+        # (shape key, state addresses) -> graph; shape key -> which inputs are state
         self.graphs: OrderedDict[tuple, _Captured] = OrderedDict()
+        self.state_of: dict[tuple, list[bool]] = {}
         self.failed: set[tuple] = set()
         self.failures: list[str] = []  # why a capture failed (first line), for summaries
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key = _key(args, kwargs)
-        if key in self.graphs:
-            self.graphs.move_to_end(key)
-            return self.graphs[key](args, kwargs)
         if key in self.failed:
             return self.fn(*args, **kwargs)
+        flat, _ = tree_flatten((args, kwargs))
+        if key in self.state_of:
+            full = (key, _state_pointers(flat, self.state_of[key]))
+            if full in self.graphs:
+                self.graphs.move_to_end(full)
+                return self.graphs[full](flat)
         try:
             captured = _Captured(self.fn, args, kwargs)
         except Exception as exc:  # capture can fail (host sync inside forward): no graph
             self.failed.add(key)
             self.failures.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             return self.fn(*args, **kwargs)
-        self.graphs[key] = captured
+        self.state_of[key] = captured.state
+        self.graphs[(key, _state_pointers(flat, captured.state))] = captured
         if len(self.graphs) > self.max_graphs:
             self.graphs.popitem(last=False)
-        return captured(args, kwargs)
+        return captured(flat)
