@@ -54,6 +54,39 @@ def page(analysis, bench):
                        title="llama_hf on H200")
 
 
+def _decode_bench():
+    """A bench --phase decode --generate 16 result at contexts 512 and 2048: the advisor row
+    carries a verdict; torch.compile[reduce-overhead] failed (a forward row with ms None, and
+    a generation row with ms_per_token None), with an error that must be escaped."""
+    rows, gen = [], []
+    for t, eager_ms in ((512, 8.0), (2048, 10.0)):
+        rows += [{"shape": t, "variant": "eager", "ms": eager_ms, "kernels": 345, "speedup_vs_eager": 1.0},
+                 {"shape": t, "variant": "advisor", "ms": eager_ms * 0.8, "kernels": 200,
+                  "speedup_vs_eager": 1.25, "max_error": 0.03, "rel_error": 0.004, "matches_eager": True,
+                  "verdict": "max |err| 0.03 beyond atol; as accurate as eager: vs fp32 0.011 (eager 0.012)"},
+                 {"shape": t, "variant": "torch.compile[reduce-overhead]", "ms": None,
+                  "error": f"RuntimeError: {EVIL} (at cache.py:12)", "speedup_vs_eager": None}]
+        tokens = [[987654 + i for i in range(16)]]  # never shown
+        gen += [{"shape": t, "variant": "eager", "new_tokens": 16, "ms_per_token": eager_ms,
+                 "tokens_per_s": 1e3 / eager_ms, "speedup_vs_eager": 1.0, "tokens": tokens},
+                {"shape": t, "variant": "advisor", "new_tokens": 16, "ms_per_token": eager_ms * 0.8,
+                 "tokens_per_s": 1e3 / (eager_ms * 0.8), "speedup_vs_eager": 1.25,
+                 "tokens_match": t == 512, "first_divergence": None if t == 512 else 3,
+                 "compared_steps": 16 if t == 512 else 4, "max_error": 0.0625, "rel_error": 0.00213,
+                 "logits_match": True, "matches_eager": True, "tokens": tokens},
+                {"shape": t, "variant": "torch.compile[reduce-overhead]", "new_tokens": 16,
+                 "ms_per_token": None, "tokens_per_s": None, "speedup_vs_eager": None,
+                 "error": f"BackendCompilerFailed: {EVIL} (at graphs.py:7)", "matches_eager": False}]
+    return {"schema_version": 1, "kind": "advisor.bench", "environment": {"torch": "2.5"},
+            "meta": {"phase": "decode", "generate": 16, "shapes": [512, 2048]}, "rows": rows,
+            "generation": gen, "applied": []}
+
+
+@pytest.fixture(scope="module")
+def gen_page(analysis):
+    return render_html(analyses=[analysis], bench=_decode_bench(), title="decode <generate>")
+
+
 def test_page_is_self_contained_with_valid_svg_charts(page):
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     svgs = re.findall(r"<svg\b.*?</svg>", page, flags=re.S)
@@ -105,6 +138,44 @@ def test_text_from_the_inputs_is_escaped(analysis):
     page = render_html(analyses=[a], title=EVIL)
     assert "<script" not in page
     assert page.count("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;") >= 5  # title x2, model, op, family
+
+
+def test_generation_section_has_a_chart_and_table_per_context(gen_page):
+    part = gen_page[gen_page.index("<h3>Greedy generation (decode)</h3>"):]
+    heads = re.findall(r"<h4>context (\d+) tokens · 16 new tokens</h4>(<svg.*?</svg>)(<table>.*?</table>)",
+                       part, flags=re.S)
+    assert [int(t) for t, _, _ in heads] == [512, 2048]
+    for t, chart, table in heads:
+        ET.fromstring(chart)
+        assert chart.count("<rect") == 1 + 2  # frame, eager and advisor bars
+        assert "torch.compile[reduce-overhead]: failed (BackendCompilerFailed: &lt;script&gt;" in chart
+        eager = {"512": 8.0, "2048": 10.0}[t]
+        assert f"{eager:.3f}" in table and f"{eager * 0.8:.3f}" in table and f"{1e3 / eager:.1f}" in table
+        assert "1.25×" in table and "2.13e-03" not in table and "0.00213" in table
+        assert table.count("<tr>") == 4 and table.count("reference") == 2  # header + 3 variants
+        assert "<th>error</th>" in table and "BackendCompilerFailed: &lt;script&gt;" in table
+    assert "all 16 same" in heads[0][2] and "differ from step 3" in heads[1][2]
+    assert "logits within tolerance up to the divergence; tokens differ" in heads[1][2]
+    assert "987654" not in gen_page  # the generated tokens are not rendered
+
+
+def test_bench_table_shows_verdicts_and_failed_compile_rows(gen_page):
+    bench = gen_page[gen_page.index("<h2>Bench</h2>"):gen_page.index("<h3>Greedy generation")]
+    assert "<th>verdict</th>" not in bench and bench.count("as accurate as eager: vs fp32 0.011") == 2
+    assert bench.count('<span class="bad">failed</span>') == 2
+    assert bench.count("RuntimeError: &lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; (at cache.py:12)") == 2
+    assert "<script" not in gen_page and "<title>decode &lt;generate&gt;</title>" in gen_page
+    for chart in re.findall(r"<svg\b.*?</svg>", gen_page, flags=re.S):
+        ET.fromstring(chart)
+
+
+def test_generation_only_bench_and_long_errors_are_clipped():
+    b = _decode_bench()
+    b["rows"] = []
+    b["generation"][2]["error"] = "E" * 1000 + EVIL
+    page = render_html(analyses=[], bench=b, title="t")
+    assert page.count("<svg") == 2 and "<script" not in page
+    assert "E" * 300 + "…" in page and f'title="{"E" * 1000}&lt;script&gt;' in page
 
 
 def test_without_bench_or_recipe_measured_savings_are_dashes(analysis):
@@ -161,9 +232,12 @@ def _png_pixels(data: bytes) -> np.ndarray:
     return out.reshape(h, w, bpp)
 
 
-def test_page_loads_in_headless_chromium_without_errors(tmp_path, page):
+@pytest.mark.parametrize("which,h1,charts", [("page", "llama_hf on H200", 4),
+                                             ("gen_page", "decode &lt;generate&gt;", 4)])
+def test_page_loads_in_headless_chromium_without_errors(tmp_path, request, which, h1, charts):
     if not CHROMIUM.exists():
         pytest.skip("no /usr/bin/chromium (.ci/install-chromium.sh installs it)")
+    page = request.getfixturevalue(which)
     html_path = write_html(tmp_path / "report.html", page)
     png = tmp_path / "shot.png"
     base = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -175,7 +249,7 @@ def test_page_loads_in_headless_chromium_without_errors(tmp_path, page):
     shot = subprocess.run([*base, f"--screenshot={png}", "--window-size=1200,1600", url],
                           capture_output=True, text=True, timeout=60, env=env)
     assert dom.returncode == 0 and shot.returncode == 0, dom.stderr[-2000:] + shot.stderr[-2000:]
-    assert "<h1>llama_hf on H200</h1>" in dom.stdout and dom.stdout.count("<svg") == 4
+    assert f"<h1>{h1}</h1>" in dom.stdout and dom.stdout.count("<svg") == charts
     bad = [line for line in (dom.stderr + shot.stderr).splitlines()
            if ("Uncaught" in line or "CONSOLE" in line) and (url in line or "report.html" in line)]
     assert not bad, bad

@@ -2,8 +2,10 @@
 
 Inputs are the documented JSON outputs, read as dicts: analyses (`advisor.analyze.to_json`,
 schema in advisor/analyze.py), an optional bench (`advisor.bench.to_json`, or a
-`benchmarks/` result with the same `rows`), an optional recipe (`Recipe.to_json()`, or a
-hand-written plan) and an optional tuning history: one dict per finished trial,
+`benchmarks/` result with the same `rows`; its greedy-generation rows, if any, under
+`generation`: the bench part of the page is advisor/report/html_bench.py), an optional
+recipe (`Recipe.to_json()`, or a hand-written plan) and an optional tuning history: one
+dict per finished trial,
 ``{"bucket": int, "number": int, "state": "COMPLETE"|"FAIL"|"PRUNED", "value": ms | None,
 "failure": str | None}`` (`dataclasses.asdict(TrialEvent)` plus the bucket's length).
 
@@ -19,23 +21,18 @@ tooltips as SVG ``<title>``/HTML ``title``. All text from the inputs is escaped.
 
 from __future__ import annotations
 
-import html
-import math
 import os
 import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from advisor.report.html_bench import applied_rows, bench_rows, bench_section
+from advisor.report.html_common import DASH, PALETTE, _bytes, _e, _f, _num, _table
 from advisor.report.svg import frame, legend, log_axes, log_span, ms_axis, scale, svg
 
 CATEGORIES = (("launch_host", "launch/host", "#b04fc4"), ("memory", "memory", "#2a9fc0"),
               ("compute", "compute", "#3d9a4b"), ("idle_sync", "idle/sync", "#9a9a9a"))
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 MEASURED_COLOR = "#444"
-DASH = "—"
-BENCH_COLUMNS = ("shape", "variant", "ms", "speedup_vs_eager", "kernels", "first_call_s", "peak_mb",
-                 "max_error", "rel_error", "matches_eager")
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1150px;
 color:#222;padding:0 16px}
@@ -44,51 +41,9 @@ table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #ddd;pad
 th{background:#f4f4f4;text-align:left}td.n{text-align:right;font-variant-numeric:tabular-nums}
 tr.total td{font-weight:600;background:#fafafa}.muted{color:#777}
 .sw{display:inline-block;width:11px;height:11px;margin:0 4px 0 12px;vertical-align:-1px}
+h4{font-size:14px;margin:18px 0 4px}.bad{color:#b00}.err{color:#b00;overflow-wrap:anywhere}
 svg{display:block;margin:6px 0 14px}svg text{font:11px system-ui,sans-serif;fill:#333}
 """
-
-
-# ---- small helpers ----------------------------------------------------------------------
-
-def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
-
-
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-        return None
-    return float(x)
-
-
-def _f(x: Any, fmt: str = ".3f", unit: str = "") -> str:
-    v = _num(x)
-    return DASH if v is None else f"{v:{fmt}}{unit}"
-
-
-def _bytes(x: Any) -> str:
-    v = _num(x)
-    if v is None:
-        return DASH
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(v) < 1000:
-            return f"{v:.0f} {unit}"
-        v /= 1000
-    return f"{v:.1f} TB"
-
-
-def _table(headers: Iterable[str], rows: Iterable[Iterable[tuple[str, bool]]],
-           total: int | None = None) -> str:
-    """Cells are (already-escaped html, numeric); row index `total` is styled as a total."""
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = []
-    for i, row in enumerate(rows):
-        cells = "".join(f'<td class="n">{c}</td>' if n else f"<td>{c}</td>" for c, n in row)
-        body.append(f'<tr class="total">{cells}</tr>' if i == total else f"<tr>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-
-
-def _bench_rows(bench: dict | None, shape: int) -> list[dict]:
-    return [r for r in (bench or {}).get("rows", []) if r.get("shape") == shape]
 
 
 # ---- (a) latency budget -----------------------------------------------------------------
@@ -98,7 +53,7 @@ def _budget_bars(s: dict, bench: dict | None) -> list[tuple[str, list[tuple[str,
     cats = s.get("budget", {}).get("categories", {})
     bars = [("profiled budget", [(label, color, _num(cats.get(key)) or 0.0)
                                  for key, label, color in CATEGORIES])]
-    for r in _bench_rows(bench, s["seq_len"]):
+    for r in bench_rows(bench, s["seq_len"]):
         variant = str(r.get("variant", ""))
         if (variant == "eager" or variant.startswith("advisor")) and _num(r.get("ms")) is not None:
             name = "before fusion" if variant == "eager" else "after fusion"
@@ -189,13 +144,6 @@ def _roofline_section(a: dict, uid: str) -> str:
 
 # ---- (c) candidates ---------------------------------------------------------------------
 
-def _applied_rows(bench: dict | None) -> list[dict]:
-    applied = (bench or {}).get("applied") or []
-    if isinstance(applied, dict):  # benchmarks/ results: variant -> summary
-        applied = applied.get("advisor") or next(iter(applied.values()), [])
-    return [r for r in applied if isinstance(r, dict)]
-
-
 def _bucket_of(bounds: list[int], length: int) -> int | None:
     """Recipe.bucket_for on bare bounds: the smallest bound >= length, else the largest."""
     fits = [b for b in sorted(bounds) if b >= length]
@@ -204,7 +152,7 @@ def _bucket_of(bounds: list[int], length: int) -> int | None:
 
 def _plan_families(bench: dict | None, recipe: dict | None, length: int) -> dict[str, str] | None:
     """family -> what happened to it at this length (from the bench, else the recipe)."""
-    rows = [r for r in _applied_rows(bench) if r.get("family") != "(all)"]
+    rows = [r for r in applied_rows(bench) if r.get("family") != "(all)"]
     if rows:
         b = _bucket_of([r["bucket"] for r in rows if isinstance(r.get("bucket"), int)], length)
         rows = [r for r in rows if r.get("bucket") in (b, None)]
@@ -222,7 +170,7 @@ def _plan_families(bench: dict | None, recipe: dict | None, length: int) -> dict
 def _measured_saving(bench: dict | None, recipe: dict | None, length: int) -> tuple[float, str] | None:
     """(ms, source): eager − advisor from the bench at this length, else the recipe's
     unfused − tuned for a bucket tuned at exactly this length."""
-    ms = {r.get("variant"): _num(r.get("ms")) for r in _bench_rows(bench, length)}
+    ms = {r.get("variant"): _num(r.get("ms")) for r in bench_rows(bench, length)}
     eager, fused = ms.get("eager"), ms.get("advisor")
     if eager is not None and fused is not None:
         return eager - fused, "bench: eager − advisor"
@@ -323,34 +271,7 @@ def _history_section(history: list[dict], recipe: dict | None) -> str:
     return "".join(out)
 
 
-# ---- (e) bench table and the page -------------------------------------------------------
-
-def _cell(v: Any) -> tuple[str, bool]:
-    if v is None:
-        return DASH, False
-    if isinstance(v, float):
-        return (f"{v:.4g}" if math.isfinite(v) else DASH), True
-    if isinstance(v, (list, tuple, dict)):
-        return _e(str(v)[:200]), False
-    return _e(v), isinstance(v, int) and not isinstance(v, bool)
-
-
-def _bench_section(bench: dict) -> str:
-    rows = [r for r in bench.get("rows", []) if isinstance(r, dict)]
-    cols = [c for c in BENCH_COLUMNS if any(c in r for r in rows)]
-    cols += [c for c in dict.fromkeys(k for r in rows for k in r) if c not in cols]
-    cond = bench.get("conditions") or bench.get("meta") or {}
-    env = bench.get("environment", {})
-    head = " · ".join(_e(f"{k}: {v}") for k, v in list(cond.items()) + list(env.items()))
-    applied = [r for r in _applied_rows(bench) if r.get("family") != "(all)"]
-    fused = _table(("bucket", "family", "sites applied", "left unfused (reason)"),
-                   [[(_e("all" if r.get("bucket") == 2**31 - 1 else r.get("bucket")), True),
-                     (_e(r.get("family")), False), (_e(r.get("applied")), True),
-                     (_e("; ".join(r.get("unfused") or []) or DASH), False)] for r in applied])
-    return ("<h2>Bench</h2>" + f"<p class='muted'>{head}</p>"
-            + _table(cols, [[_cell(r.get(c)) for c in cols] for r in rows])
-            + ("<h3>Fusions applied (advisor)</h3>" + fused if applied else ""))
-
+# ---- the page (the bench part: html_bench.py) -------------------------------------------------------
 
 def _analysis_header(a: dict) -> str:
     c = a.get("ceilings", {})
@@ -373,7 +294,7 @@ def render_html(*, analyses: list[dict], bench: dict | None = None, recipe: dict
     if history:
         body.append(_history_section(history, recipe))
     if bench:
-        body.append(_bench_section(bench))
+        body.append(bench_section(bench))
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
 
