@@ -157,6 +157,13 @@ def test_space_suggests_conditional_configs_and_seeds():
     assert graphed == {**best, "cuda_graph": True}
     no_graphs = BucketSpace(64, 0, space.families, cuda_graph=False)
     assert [p.get("cuda_graph") for p in seed_params(no_graphs)] == [None, None]
+    # A Triton matrix kernel (attention) among the predicted winners: the seeds also try
+    # the plan without it, with and without CUDA graphs.
+    deep = BucketSpace(64, 0, (*space.families, FamilySpace("attention", "attention", 1, 0.2)), cuda_graph=True)
+    seeds = seed_params(deep)
+    assert [(p["attention"], p["rms_norm"], p["cuda_graph"]) for p in seeds] == [
+        (False, False, False), (True, True, False), (False, True, False), (True, True, True),
+        (False, True, True)]
     plan = suggest(FixedTrial({"rms_norm": True, "rms_norm.config": "BLOCK_N=128",
                                "gated_act": True, "cuda_graph": True}), space)
     assert plan == Plan(("rms_norm", "gated_act"), {"rms_norm": "BLOCK_N=128"}, True)

@@ -569,7 +569,7 @@ def _flops(x: torch.Tensor, w: torch.Tensor) -> int:
 
 def _spec(name: str, *, bench_n: int, bench_extra: Mapping[str, int], **fields: Any) -> KernelSpec:
     return register(KernelSpec(
-        name=name, space=SPACE, usable=lambda x, *_: _use_triton(x),
+        name=name, space=SPACE, usable=lambda x, *_: _use_triton(x), matrix_kernel=True,
         bench_dims=lambda tokens: {"M": tokens, "K": 4096, "N": bench_n, **bench_extra}, **fields))
 
 

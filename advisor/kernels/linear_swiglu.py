@@ -67,7 +67,7 @@ register(KernelSpec(
     make_inputs=lambda dims, dtype, device, gen: _split(_base.make_inputs(dims, dtype, device, gen)),
     problem=lambda x, weights, act: {**_problem(x, weights[0]), "gated": 1},  # N = W_g rows
     bytes_moved=lambda x, weights, act: _base.bytes_moved(x, merged_weight(weights), act),
-    test_dims=_base.test_dims, bench_dims=_base.bench_dims, unfused_launches=4,
+    test_dims=_base.test_dims, bench_dims=_base.bench_dims, unfused_launches=4, matrix_kernel=True,
     spills=lambda x, weights, act, config=None: spills_gemm_swiglu(x, merged_weight(weights), act, config),
     usable=lambda x, *_: _use_triton(x),
     unfused=lambda x, weights, act: unfused_swiglu(x, torch.cat(weights, dim=0), act),

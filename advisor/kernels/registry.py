@@ -70,6 +70,9 @@ class KernelSpec:
     # flops(*inputs) -> matmul FLOPs, for kernels bound by compute at large sizes (GEMMs,
     # attention): the benchmark reports TFLOP/s against the measured matmul ceiling.
     flops: Callable[..., int] | None = None
+    # A Triton kernel that does the matrix work itself (GEMM, attention), so it competes
+    # with cuBLAS / flash kernels and can lose at some shapes; tune seeds a plan without them.
+    matrix_kernel: bool = False
 
     def unfused_ops(self) -> Callable[..., Any]:
         return self.unfused if self.unfused is not None else self.reference

@@ -71,7 +71,7 @@ register(KernelSpec(
     problem=lambda x, norm_w, weights, *_: {**_problem(x, weights[0]),
                                             "N": sum(int(w.shape[0]) for w in weights)},
     bytes_moved=lambda x, norm_w, weights, *rest: _base.bytes_moved(x, norm_w, merged_weight(weights), *rest),
-    test_dims=_base.test_dims, bench_dims=_base.bench_dims, unfused_launches=11,
+    test_dims=_base.test_dims, bench_dims=_base.bench_dims, unfused_launches=11, matrix_kernel=True,
     spills=lambda x, norm_w, weights, eps, off, config=None: spills_gemm_rmsnorm(
         x, norm_w, merged_weight(weights), eps, off, config),
     usable=lambda x, *_: _use_triton(x),

@@ -19,6 +19,7 @@ plain data and runs anywhere.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -82,20 +83,37 @@ def plan_from_params(params: dict[str, Any], space: BucketSpace) -> Plan:
 
 
 def seed_params(space: BucketSpace) -> list[dict[str, Any]]:
-    """Trials every study starts with: nothing fused, then the analyzer's predicted best
-    (every family with a positive predicted saving, default configs, no CUDA graph), then
-    where CUDA graphs are offered the same plan replayed from a graph: at short lengths
-    host time is most of the latency, and a short budget may never sample it otherwise."""
-    nothing: dict[str, Any] = {f.family: False for f in space.families}
-    best: dict[str, Any] = {f.family: f.predicted_saving_ms > 0 for f in space.families}
-    for f in space.families:
-        if best[f.family] and len(f.configs) > 1:
-            best[config_param(f.family)] = DEFAULT_CONFIG
-    if not space.cuda_graph:
-        return [nothing] if best == nothing else [nothing, best]
-    nothing["cuda_graph"] = best["cuda_graph"] = False
-    seeds = [nothing] if best == nothing else [nothing, best]
-    return [*seeds, {**best, "cuda_graph": True}]
+    """Trials every study starts with, so a short budget still measures the plans most
+    likely to win: nothing fused; the analyzer's predicted best (every family with a
+    positive predicted saving, default configs); the predicted best without our matrix
+    kernels (`KernelSpec.matrix_kernel`: Triton GEMMs and attention, which the analyzer
+    prices by traffic alone but which can lose to cuBLAS / flash kernels); and where CUDA
+    graphs are offered, the last two replayed from a graph (host time is most of the
+    latency at short lengths). Duplicates are dropped."""
+    from advisor.kernels.registry import all_kernels
+
+    kernels = all_kernels()  # merged_linear (cuBLAS) is not a registry kernel: not "matrix"
+
+    def plan(on: Callable[[FamilySpace], bool], graph: bool) -> dict[str, Any]:
+        params: dict[str, Any] = {f.family: on(f) for f in space.families}
+        for f in space.families:
+            if params[f.family] and len(f.configs) > 1:
+                params[config_param(f.family)] = DEFAULT_CONFIG
+        if space.cuda_graph:
+            params["cuda_graph"] = graph
+        return params
+
+    def predicted(f: FamilySpace) -> bool:
+        return f.predicted_saving_ms > 0
+
+    def light(f: FamilySpace) -> bool:
+        spec = kernels.get(f.kernel)
+        return predicted(f) and not (spec is not None and spec.matrix_kernel)
+
+    seeds = [plan(lambda f: False, False), plan(predicted, False), plan(light, False)]
+    if space.cuda_graph:
+        seeds += [plan(predicted, True), plan(light, True)]
+    return [p for i, p in enumerate(seeds) if p not in seeds[:i]]
 
 
 # ---- worker side: find the space on the captured graph ------------------------------
