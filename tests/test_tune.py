@@ -240,10 +240,10 @@ def test_injected_faults_fail_with_their_reason_and_are_never_chosen(tiny, tmp_p
 def test_dead_and_hung_workers_are_replaced_and_the_study_goes_on(tiny, tmp_path, monkeypatch):
     faults = [("gate_up_swiglu", "exit"), ("rms_norm", "hang")]
     monkeypatch.setenv("ADVISOR_FAULT", ",".join(f"{f}:{k}" for f, k in faults))
-    result = tune(_options(tiny, tmp_path / "r.json", trials=7, seed=0, trial_timeout_s=8.0))
+    result = tune(_options(tiny, tmp_path / "r.json", trials=9, seed=0, trial_timeout_s=8.0))
     (bucket,) = result.buckets
     trials = _trials(_options(tiny, tmp_path / "r.json"), bucket.study)
-    assert len(trials) == 7 and result.worker_restarts >= 2
+    assert len(trials) == 9 and result.worker_restarts >= 2
     for t in trials:
         assert t.user_attrs.get("failure") == _expected(t, faults), t
     assert set(bucket.failures) == {"crash", "timeout"}
