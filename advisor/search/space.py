@@ -87,8 +87,8 @@ def seed_params(space: BucketSpace) -> list[dict[str, Any]]:
     likely to win: nothing fused; the analyzer's predicted best (every family with a
     positive predicted saving, default configs); the predicted best without our matrix
     kernels (`KernelSpec.matrix_kernel`: Triton GEMMs and attention, which the analyzer
-    prices by traffic alone but which can lose to cuBLAS / flash kernels); and where CUDA
-    graphs are offered, the last two replayed from a graph (host time is most of the
+    prices by traffic alone but which can lose to cuBLAS / flash kernels); where CUDA
+    graphs are offered, the last two replayed from a graph too (host time is most of the
     latency at short lengths). Duplicates are dropped."""
     from advisor.kernels.registry import all_kernels
 
@@ -110,9 +110,10 @@ def seed_params(space: BucketSpace) -> list[dict[str, Any]]:
         spec = kernels.get(f.kernel)
         return predicted(f) and not (spec is not None and spec.matrix_kernel)
 
-    seeds = [plan(lambda f: False, False), plan(predicted, False), plan(light, False)]
-    if space.cuda_graph:
-        seeds += [plan(predicted, True), plan(light, True)]
+    # Graph replays first where offered: a budget that runs out after a few trials should
+    # still have measured the plans most likely to win (H200, 2026-12-02).
+    graphs = [plan(light, True), plan(predicted, True)] if space.cuda_graph else []
+    seeds = [plan(lambda f: False, False), *graphs, plan(predicted, False), plan(light, False)]
     return [p for i, p in enumerate(seeds) if p not in seeds[:i]]
 
 
