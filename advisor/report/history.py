@@ -2,7 +2,11 @@
 
 Reads every study in the storage whose name ends in `-len<L>` (how `advisor tune` names
 a bucket's study) and returns one dict per finished trial:
-{"bucket": L, "number", "state", "value", "failure"}.
+{"bucket": L, "number", "state", "value", "failure", "params", "repeat_of", "applied"}:
+`params` are the trial's Optuna parameters ({"<family>": bool, "<family>.config": str,
+"cuda_graph": bool}, advisor/search/space.py); `repeat_of` the trial whose plan (and value)
+this one repeated, or None; `applied` the number of fusion sites the plan applied (None
+when not recorded, e.g. a failed trial).
 """
 
 from __future__ import annotations
@@ -31,5 +35,7 @@ def load_history(storage: str) -> list[dict[str, Any]]:
         study = optuna.load_study(study_name=summary.study_name, storage=store)
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
             rows.append({"bucket": int(match.group(1)), "number": t.number, "state": t.state.name,
-                         "value": t.value, "failure": t.user_attrs.get("failure")})
+                         "value": t.value, "failure": t.user_attrs.get("failure"),
+                         "params": dict(t.params), "repeat_of": t.user_attrs.get("repeat_of"),
+                         "applied": t.user_attrs.get("applied")})
     return sorted(rows, key=lambda r: (r["bucket"], r["number"]))

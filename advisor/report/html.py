@@ -1,4 +1,5 @@
-"""A self-contained HTML report from the plain JSON dicts (rendering only, no computation).
+"""A self-contained HTML report from the plain JSON dicts (rendering only; the one estimate,
+each family's measured saving, is advisor/report/attribution.py).
 
 Inputs are the documented JSON outputs, read as dicts: analyses (`advisor.analyze.to_json`,
 schema in advisor/analyze.py), an optional bench (`advisor.bench.to_json`, or a
@@ -7,7 +8,10 @@ schema in advisor/analyze.py), an optional bench (`advisor.bench.to_json`, or a
 recipe (`Recipe.to_json()`, or a hand-written plan) and an optional tuning history: one
 dict per finished trial,
 ``{"bucket": int, "number": int, "state": "COMPLETE"|"FAIL"|"PRUNED", "value": ms | None,
-"failure": str | None}`` (`dataclasses.asdict(TrialEvent)` plus the bucket's length).
+"failure": str | None}`` (`dataclasses.asdict(TrialEvent)` plus the bucket's length), with
+``"params"`` (the trial's Optuna parameters), ``"repeat_of"`` and ``"applied"`` where known
+(`advisor.report.history.load_history` gives them): the candidates tables
+(advisor/report/html_candidates.py) then show each family's measured saving.
 
 The page has no external resources and no script: inline CSS, inline SVG drawn here,
 tooltips as SVG ``<title>``/HTML ``title``. All text from the inputs is escaped. Example::
@@ -26,8 +30,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from advisor.report.html_bench import applied_rows, bench_rows, bench_section
-from advisor.report.html_common import DASH, PALETTE, _bytes, _e, _f, _num, _table
+from advisor.report.html_bench import bench_rows, bench_section
+from advisor.report.html_candidates import candidates_section
+from advisor.report.html_common import PALETTE, _e, _f, _num
 from advisor.report.svg import frame, legend, log_axes, log_span, ms_axis, scale, svg
 
 CATEGORIES = (("launch_host", "launch/host", "#b04fc4"), ("memory", "memory", "#2a9fc0"),
@@ -142,88 +147,7 @@ def _roofline_section(a: dict, uid: str) -> str:
     return f"<h3>Roofline</h3>{key}{_roofline_svg(a, shown, bw, peak, uid)}{note}"
 
 
-# ---- (c) candidates ---------------------------------------------------------------------
-
-def _bucket_of(bounds: list[int], length: int) -> int | None:
-    """Recipe.bucket_for on bare bounds: the smallest bound >= length, else the largest."""
-    fits = [b for b in sorted(bounds) if b >= length]
-    return fits[0] if fits else (max(bounds) if bounds else None)
-
-
-def _plan_families(bench: dict | None, recipe: dict | None, length: int) -> dict[str, str] | None:
-    """family -> what happened to it at this length (from the bench, else the recipe)."""
-    rows = [r for r in applied_rows(bench) if r.get("family") != "(all)"]
-    if rows:
-        b = _bucket_of([r["bucket"] for r in rows if isinstance(r.get("bucket"), int)], length)
-        rows = [r for r in rows if r.get("bucket") in (b, None)]
-        return {str(r["family"]): f"applied at {r.get('applied', 0)} sites"
-                + (f", {len(r['unfused'])} unfused" if r.get("unfused") else "") for r in rows}
-    if not recipe:
-        return None
-    if recipe.get("kind") == "advisor.plan":
-        return {f: "in plan" for f in recipe.get("fusions", [])}
-    buckets = {b.get("max_len"): b for b in recipe.get("buckets", [])}
-    b = _bucket_of([m for m in buckets if isinstance(m, int)], length)
-    return None if b is None else {f: "in plan" for f in buckets[b].get("plan", {}).get("fusions", [])}
-
-
-def _measured_saving(bench: dict | None, recipe: dict | None, length: int) -> tuple[float, str] | None:
-    """(ms, source): eager − advisor from the bench at this length, else the recipe's
-    unfused − tuned for a bucket tuned at exactly this length."""
-    ms = {r.get("variant"): _num(r.get("ms")) for r in bench_rows(bench, length)}
-    eager, fused = ms.get("eager"), ms.get("advisor")
-    if eager is not None and fused is not None:
-        return eager - fused, "bench: eager − advisor"
-    for b in (recipe or {}).get("buckets", []):
-        m = b.get("measured", {})
-        if b.get("max_len") == length and None not in (_num(m.get("unfused_ms")), _num(m.get("tuned_ms"))):
-            return m["unfused_ms"] - m["tuned_ms"], "recipe: unfused − tuned"
-    return None
-
-
-def _error_cells(measured: float | None, predicted: float) -> list[tuple[str, bool]]:
-    if measured is None:
-        return [(DASH, True), (DASH, True)]
-    rel = f" ({100 * (measured - predicted) / predicted:+.0f}%)" if predicted else ""
-    return [(f"{measured:.3f} ms", True), (f"{measured - predicted:+.3f} ms{_e(rel)}", True)]
-
-
-def _candidates_table(s: dict, bench: dict | None, recipe: dict | None) -> str:
-    length, cands = s["seq_len"], s.get("candidates", [])
-    plan = _plan_families(bench, recipe, length)
-    rows, in_plan = [], 0.0
-    for i, c in enumerate(cands, 1):
-        fam = str(c.get("family"))
-        status = ("analysis only" if not c.get("kernel") else
-                  DASH if plan is None else plan.get(fam, "not in plan"))
-        if plan is not None and fam in plan and c.get("applicable", True) and c.get("kernel"):
-            in_plan += _num(c.get("predicted_saving_ms")) or 0.0
-        rows.append([(str(i), True), (_e(fam), False), (_e(c.get("kernel") or DASH), False),
-                     (f'<span title="{_e(", ".join(map(str, c.get("sites", []))))}">'
-                      f'{_e(c.get("count", DASH))}</span>', True),
-                     (_e(c.get("launches_removed", DASH)), True), (_bytes(c.get("bytes_avoided")), True),
-                     (_f(c.get("predicted_saving_ms"), unit=" ms"), True), (_e(status), False),
-                     (DASH, True), (DASH, True)])
-    measured = _measured_saving(bench, recipe, length)
-    if measured is not None or plan is not None:
-        label = f"plan total ({measured[1]})" if measured else "plan total"
-        rows.append([("", False), (_e(label), False), ("", False), ("", True), ("", True), ("", True),
-                     (f"{in_plan:.3f} ms", True), ("", False),
-                     *_error_cells(measured[0] if measured else None, in_plan)])
-    heads = ("#", "family", "kernel", "sites", "launches removed", "bytes avoided", "predicted saving",
-             "plan", "measured saving", "error (measured − predicted)")
-    return (f"<h3>Fusion candidates at {_e(length)} tokens</h3>"
-            + _table(heads, rows, total=len(cands) if len(rows) > len(cands) else None))
-
-
-def _candidates_section(a: dict, bench: dict | None, recipe: dict | None) -> str:
-    note = ("<p class='muted'>Savings are measured per plan, not per family: a family's own measured "
-            "saving is not available (—); the plan row compares the sum of the predicted savings of "
-            "the families in the plan with the measured one.</p>")
-    return "".join(_candidates_table(s, bench, recipe) for s in a.get("shapes", [])) + note
-
-
-# ---- (d) tuning history -----------------------------------------------------------------
+# ---- (c) candidates: html_candidates.py · (d) tuning history -------------------------------
 
 
 def _history_svg(bucket: Any, trials: list[dict], baseline: float | None) -> str:
@@ -290,7 +214,7 @@ def render_html(*, analyses: list[dict], bench: dict | None = None, recipe: dict
     body = [f"<h1>{_e(title)}</h1>"]
     for i, a in enumerate(analyses):
         body += [_analysis_header(a), _budget_section(a, bench), _roofline_section(a, f"roof{i}"),
-                 _candidates_section(a, bench, recipe)]
+                 candidates_section(a, bench, recipe, history)]
     if history:
         body.append(_history_section(history, recipe))
     if bench:
