@@ -27,10 +27,26 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 MAX_GRAPHS = 8
 
 
+_CONSTANTS = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
+
+
+def _leaf_key(x: Any) -> tuple:
+    """Tensors by shape/dtype/device (their values are copied in); plain constants by
+    value; any other object (a `transformers` StaticCache, which is no pytree) by identity:
+    the graph baked in the addresses of the tensors it holds, so another cache object must
+    never replay it (seen on the H200: a graph captured on a 1024-slot cache replayed on a
+    4096-slot one, an out-of-bounds write). The captured graph holds the object, so its
+    id is not reused while the graph lives."""
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.dtype, str(x.device))
+    if isinstance(x, _CONSTANTS):
+        return ("const", repr(x))
+    return ("object", type(x).__qualname__, id(x))
+
+
 def _key(args: tuple, kwargs: dict) -> tuple:
     flat, spec = tree_flatten((args, kwargs))
-    return (str(spec), tuple((tuple(x.shape), x.dtype, str(x.device)) if isinstance(x, torch.Tensor)
-                             else ("const", repr(x)) for x in flat))
+    return (str(spec), tuple(_leaf_key(x) for x in flat))
 
 
 class _Captured:
