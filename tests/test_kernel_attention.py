@@ -113,6 +113,27 @@ def test_rope_on_load(interleaved, dtype):
         _check(q, k, v, cos, sin, interleaved=interleaved, config=_cfg(16, 16))
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_rotated_once_before_long_prefill(interleaved, monkeypatch):
+    """From ROTATE_ONCE_MIN_TQ queries (Tq == Tk), q and k are rotated by one rope_qk launch
+    and attended without RoPE on load: same result, every table form, partial rotary."""
+    gen = _gen(16)
+    b, t, d = 2, 19, 32
+    q, k, v = _qkv(b, 4, 2, t, t, d, torch.bfloat16, gen)
+    calls = []
+    real = rope.launch_rope_qk
+    monkeypatch.setattr(rope, "launch_rope_qk", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(attn, "ROTATE_ONCE_MIN_TQ", t)
+    cos, sin = (randn_nonzero((b, t, 24), torch.bfloat16, CPU, gen, scale=0.7) for _ in range(2))
+    _check(q, k, v, cos, sin, causal=True, interleaved=interleaved, config=_cfg(16, 16))
+    c1, s1 = rope.rope_tables(torch.arange(t), d, interleaved, torch.bfloat16)
+    _check(q, k, v, c1[:, None], s1[:, None], causal=True, interleaved=interleaved)
+    assert len(calls) == 2
+    q2, k2, v2 = _qkv(b, 4, 2, t - 1, t, d, torch.bfloat16, gen)  # Tq != Tk: on load
+    _check(q2, k2, v2, c1, s1, causal=True, interleaved=interleaved)
+    assert len(calls) == 2
+
+
 def test_reference_rope_is_rope_reference():
     gen = _gen(7)
     q, k, v = _qkv(1, 4, 2, 9, 9, 16, torch.bfloat16, gen)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import triton
+import triton.language as tl
 
 from advisor.errors import KernelInputError
 
@@ -63,3 +65,13 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def check_float(name: str, t: torch.Tensor) -> None:
     check(t.dtype in SUPPORTED_DTYPES, f"{name}: dtype {t.dtype} not in fp32/fp16/bf16")
+
+
+@triton.jit
+def cast_rn(x, dtype, INTERP_BF16: tl.constexpr):
+    """fp32 x -> dtype, rounding to nearest even. The interpreter's fp32 -> bf16 cast
+    truncates (INTERP_BF16 only): round the bits first, as the GPU's cvt.rn does."""
+    if INTERP_BF16:
+        bits = x.to(tl.uint32, bitcast=True)
+        x = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16).to(tl.float32, bitcast=True)
+    return x.to(dtype)

@@ -40,13 +40,25 @@ import triton.language as tl
 
 from advisor.errors import KernelInputError
 from advisor.kernels import rope
-from advisor.kernels._triton import check, check_float, interpreting, resources, triton_can_run
+from advisor.kernels._triton import (
+    cast_rn,
+    check,
+    check_float,
+    interpreting,
+    resources,
+    triton_can_run,
+)
 from advisor.kernels.registry import KernelSpec, register
 from advisor.kernels.rope import rope_partner
 from advisor.kernels.space import Config, ConfigSpace, Problem, decode
 from advisor.kernels.testing import randn_nonzero
 
 DECODE_MAX_TQ = 16  # Tq at or below this takes the decode path (packed heads, split-K)
+# From this many queries (Tq == Tk) RoPE is applied by one rope_qk launch before the kernel
+# instead of on load: on load, every query block re-rotates every K tile. H200 2026-12-02
+# (benchmarks/attention_probe.py): 31.2 -> 23.3 µs at 512 tokens, 267 -> 177 at 2048,
+# 2984 -> 1882 at 8192 (Llama-3-8B heads, causal, bf16). Below 512 not measured: on load.
+ROTATE_ONCE_MIN_TQ = 512
 MAX_D = 256
 
 # --------------------------------------------------------------------------- reference
@@ -141,18 +153,8 @@ def _load_rows(base, row_off, row_ok, s_d, cos, sin, tab_off, D, R: tl.constexpr
         xp = tl.load(base + row_off[:, None] + partner[None, :] * s_d, mask=tmask, other=0.0)
         y = x.to(tl.float32) * c.to(tl.float32) + sign[None, :] * xp.to(tl.float32) * s.to(
             tl.float32)
-        x = _cast(y, x.dtype, INTERP_BF16)
+        x = cast_rn(y, x.dtype, INTERP_BF16)
     return x
-
-
-@triton.jit
-def _cast(x, dtype, INTERP_BF16: tl.constexpr):
-    """fp32 x -> dtype, rounding to nearest even. The interpreter's fp32 -> bf16 cast
-    truncates (INTERP_BF16 only): round the bits first, as the GPU's cvt.rn does."""
-    if INTERP_BF16:
-        bits = x.to(tl.uint32, bitcast=True)
-        x = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16).to(tl.float32, bitcast=True)
-    return x.to(dtype)
 
 
 @triton.jit
@@ -200,7 +202,7 @@ def _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, mask_base, mask_rows, i,
         p = tl.exp(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         # P·V runs in the input dtype (tensor cores), as in FlashAttention.
-        acc = acc * alpha[:, None] + _dot(_cast(p, v.dtype, INTERP_BF16), v, INTERP_BF16)
+        acc = acc * alpha[:, None] + _dot(cast_rn(p, v.dtype, INTERP_BF16), v, INTERP_BF16)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -286,7 +288,7 @@ def _attn_kernel(
         tl.store(OUT + prow[:, None] * D + d[None, :], acc, mask=omask)
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # fully masked rows: 0
-        out = _cast(out, OUT.dtype.element_ty, INTERP_BF16)
+        out = cast_rn(out, OUT.dtype.element_ty, INTERP_BF16)
         tl.store(OUT + orow[:, None] * D + d[None, :], out, mask=omask)
 
 
@@ -307,7 +309,7 @@ def _combine_kernel(ACC, M_PART, L_PART, OUT, N_ROWS, D, SPLITS, INTERP_BF16: tl
     acc = tl.load(ACC + prow[:, None] * D + d[None, :], mask=s_ok[:, None] & (d < D)[None, :],
                   other=0.0)
     out = tl.sum(acc * w[:, None], 0) / tl.where(denom == 0.0, 1.0, denom)
-    tl.store(OUT + row * D + d, _cast(out, OUT.dtype.element_ty, INTERP_BF16), mask=d < D)
+    tl.store(OUT + row * D + d, cast_rn(out, OUT.dtype.element_ty, INTERP_BF16), mask=d < D)
 
 
 # --------------------------------------------------------------------------- config space
@@ -486,6 +488,10 @@ def launch_attention(q, k, v, cos=None, sin=None, mask=None, causal: bool = Fals
                      config: Mapping[str, int] | None = None) -> torch.Tensor:
     """Attention of q (B, Hq, Tq, D) over k, v (B, Hkv, Tk, D); RoPE iff cos is given.
     Returns a new contiguous (B, Hq, Tq, D) tensor (`reference_op` semantics)."""
+    if cos is not None and q.shape[2] == k.shape[2] >= ROTATE_ONCE_MIN_TQ:
+        # Same rounding as on load: rotated in fp32, rounded once to the input dtype.
+        q, k = rope.launch_rope_qk(q, k, cos, sin, interleaved)
+        cos = sin = None
     cfg, tables, m4 = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config)
     return _run(q, k, v, tables, m4, causal, scale, interleaved, cfg)[0]
 

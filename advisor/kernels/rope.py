@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from advisor.kernels._triton import check, check_float, resources, triton_can_run
+from advisor.kernels._triton import cast_rn, check, check_float, interpreting, resources, triton_can_run
 from advisor.kernels.registry import KernelSpec, register
 from advisor.kernels.space import Config, ConfigSpace, Problem, decode
 from advisor.kernels.testing import randn_nonzero
@@ -124,7 +124,7 @@ def rope_partner(d, R, INTERLEAVED: tl.constexpr):
 
 @triton.jit
 def _rotate_heads(src, s_h, s_d, dst, d_h, d_d, heads, h_ok, cos_row, sc_r, sin_row, ss_r,
-                  D, R, INTERLEAVED: tl.constexpr, BLOCK_D: tl.constexpr):
+                  D, R, INTERLEAVED: tl.constexpr, INTERP_BF16: tl.constexpr, BLOCK_D: tl.constexpr):
     """Rotate HEADS_PER_PROG rows of one (b, t): src/dst point at head 0, dim 0 of the row;
     heads (HPP,) int64 head ids, h_ok (HPP,) which of them to touch."""
     for d0 in range(0, D, BLOCK_D):
@@ -142,7 +142,7 @@ def _rotate_heads(src, s_h, s_d, dst, d_h, d_d, heads, h_ok, cos_row, sc_r, sin_
         y = x * c[None, :] + sign[None, :] * xp.to(tl.float32) * s[None, :]
         y = tl.where(rot[None, :], y, x)  # pass-through dims stay bit-exact
         out = dst + heads[:, None] * d_h + d[None, :] * d_d
-        tl.store(out, y.to(dst.dtype.element_ty), mask=mask)
+        tl.store(out, cast_rn(y, dst.dtype.element_ty, INTERP_BF16), mask=mask)
 
 
 @triton.jit
@@ -167,7 +167,7 @@ def _rope_kernel(
     sc_b, sc_t, sc_r, ss_b, ss_t, ss_r,
     sko_b, sko_h, sko_t, sko_d, svo_b, svo_h, svo_t, svo_d,
     sqo_b, sqo_h, sqo_t, sqo_d,
-    INTERLEAVED: tl.constexpr, WRITE_CACHE: tl.constexpr,
+    INTERLEAVED: tl.constexpr, WRITE_CACHE: tl.constexpr, INTERP_BF16: tl.constexpr,
     BLOCK_D: tl.constexpr, HEADS_PER_PROG: tl.constexpr,
 ):
     # grid = (B*T, cdiv(Hq, HPP) + cdiv(Hkv, HPP)): head blocks never straddle q and k.
@@ -184,7 +184,7 @@ def _rope_kernel(
         qo_row = qo_ptr + b * sqo_b + t * sqo_t
         _rotate_heads(q_ptr + b * sq_b + t * sq_t, sq_h, sq_d, qo_row, sqo_h, sqo_d,
                       heads, heads < HQ, cos_row, sc_r, sin_row, ss_r, D, R,
-                      INTERLEAVED, BLOCK_D)
+                      INTERLEAVED, INTERP_BF16, BLOCK_D)
     else:
         heads = (hblk - n_qblk) * HEADS_PER_PROG + offs_h
         dst_t = t
@@ -197,7 +197,7 @@ def _rope_kernel(
         h_ok = heads < n_heads
         _rotate_heads(k_ptr + b * sk_b + t * sk_t, sk_h, sk_d,
                       ko_ptr + b * sko_b + dst_t * sko_t, sko_h, sko_d,
-                      heads, h_ok, cos_row, sc_r, sin_row, ss_r, D, R, INTERLEAVED, BLOCK_D)
+                      heads, h_ok, cos_row, sc_r, sin_row, ss_r, D, R, INTERLEAVED, INTERP_BF16, BLOCK_D)
         if WRITE_CACHE:
             _copy_heads(v_ptr + b * sv_b + t * sv_t, sv_h, sv_d,
                         vo_ptr + b * svo_b + dst_t * svo_t, svo_h, svo_d,
@@ -305,7 +305,9 @@ def _run(q, k, v, cos, sin, ko, vo, pos, interleaved, config, warmup: bool = Fal
             *q.stride(), *k.stride(), *v.stride(), *_table_strides(c), *_table_strides(s),
             *ko.stride(), *vo.stride(), *qo.stride())
     grid = (b * t, triton.cdiv(hq, hpp) + triton.cdiv(hkv, hpp))
-    meta = {"INTERLEAVED": bool(interleaved), "WRITE_CACHE": cache, "BLOCK_D": cfg["BLOCK_D"],
+    meta = {"INTERLEAVED": bool(interleaved), "WRITE_CACHE": cache,
+            "INTERP_BF16": interpreting() and qo.dtype == ko.dtype == torch.bfloat16,  # see cast_rn
+            "BLOCK_D": cfg["BLOCK_D"],
             "HEADS_PER_PROG": hpp, "num_warps": cfg["num_warps"]}
     if warmup:
         return qo, _rope_kernel.warmup(*args, grid=grid, **meta)
