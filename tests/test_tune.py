@@ -144,6 +144,9 @@ def test_time_budget_is_shared_over_buckets_and_trials_target_the_study():
     n, share, run = b.for_bucket(done=0)
     assert n is None and 49 < share <= 50 and run
     assert b.hard_deadline(trial_timeout_s=300) == b.deadline + 10.0  # a grace, then a kill
+    # What re-timing took in an earlier bucket is kept back from the next bucket's share.
+    b.finish_s = 9.0
+    assert 90 < b.for_bucket(done=0)[1] <= 91  # the last bucket: all that is left, less 9 s
     assert Budget(trials=5, deadline=None, buckets_left=1).for_bucket(done=5) == (0, None, False)
     assert Budget(trials=5, deadline=None, buckets_left=1).for_bucket(done=2) == (3, None, True)
 

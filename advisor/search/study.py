@@ -265,6 +265,10 @@ class Budget:
     deadline: float | None
     buckets_left: int
     total_s: float = 0.0
+    # Seconds a bucket spends after its search (re-timing the best plans, each compiled
+    # afresh): the most seen so far, kept back from every later bucket's share. Without it
+    # the last bucket of a short budget got no trial at all (H200, 2026-12-02).
+    finish_s: float = 0.0
 
     def hard_deadline(self, trial_timeout_s: float) -> float | None:
         """When a trial still running past the budget is killed: the budget stops new trials,
@@ -278,7 +282,7 @@ class Budget:
         n = None if self.trials is None else max(0, self.trials - done)
         share = None
         if self.deadline is not None:
-            share = (self.deadline - time.monotonic()) / max(1, self.buckets_left)
+            share = (self.deadline - time.monotonic()) / max(1, self.buckets_left) - self.finish_s
         self.buckets_left -= 1
         return n, share, (n is None or n > 0) and (share is None or share > 0)
 
@@ -306,7 +310,9 @@ def tune_bucket(pool: WorkerPool, storage: Any, name: str, options: TuneOptions,
         study.optimize(objective, n_trials=n_trials,
                        timeout=timeout, n_jobs=options.workers, catch=(TrialFailed,),
                        callbacks=[progress])
+    started = time.monotonic()
     result = finish_bucket(study, name, space, pool, options, unfused_ms)
+    budget.finish_s = max(budget.finish_s, time.monotonic() - started)
     result = replace(result, ran=sum(t.user_attrs.get("run") == run_id for t in finished(study)))
     listener.bucket_finished(result)
     return result
