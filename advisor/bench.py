@@ -36,7 +36,7 @@ from advisor.runtime.apply import apply
 from advisor.runtime.recipe import Recipe
 from advisor.state import Snapshot
 from advisor.timing import kernels_per_call, median_ms, timed_call
-from advisor.verify import ACCURACY_MARGIN, ACCURACY_SLACK, fp32_copy, judge
+from advisor.verify import apart_bound, fp32_copy, judge
 
 SCHEMA_VERSION = 1
 
@@ -235,7 +235,7 @@ class _GenerationBench:
                 self.refs[t] = gen
             else:
                 base = self.eager_vs_fp32.get(t)
-                bound = None if base is None else 2 * ACCURACY_MARGIN * base + ACCURACY_SLACK
+                bound = None if base is None else apart_bound(base)
                 row.update(compare(gen, self.refs[t], self.dtype, bound))
             row["tokens"] = gen.tokens.tolist()
             self.rows.append(row)

@@ -168,9 +168,8 @@ def compare(got: Generation, ref: Generation, dtype: torch.dtype,
     including the first step where the tokens diverge (after it, the two models see
     different inputs): exact tokens are the fp32 expectation; in bf16/fp16 a near-tie
     may flip a token, so those are judged on logits: within the whole-model tolerance
-    element-wise, or ‖Δ‖/‖eager‖ within `rel_bound` (bench passes twice the margin of
-    `advisor.verify` over eager's own one-step error vs fp32: two outputs each that near
-    the truth are at most twice that apart)."""
+    element-wise, or ‖Δ‖/‖eager‖ within `rel_bound` (bench passes
+    `advisor.verify.apart_bound` of eager's own one-step error vs fp32)."""
     assert got.logits is not None and ref.logits is not None
     same = (got.tokens == ref.tokens).all(dim=0).cpu()  # (N,)
     bad = (~same).nonzero()
