@@ -483,15 +483,22 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
     return out, compiled
 
 
+def _rotate_once(q, k, cos, sin, interleaved):
+    """(q, k, cos, sin) for the kernel: from ROTATE_ONCE_MIN_TQ queries (Tq == Tk), q and k
+    rotated by one rope_qk launch (same rounding as on load: fp32, rounded once) and no
+    tables; otherwise as given (RoPE on load)."""
+    if cos is not None and q.shape[2] == k.shape[2] >= ROTATE_ONCE_MIN_TQ:
+        q, k = rope.launch_rope_qk(q, k, cos, sin, interleaved)
+        return q, k, None, None
+    return q, k, cos, sin
+
+
 def launch_attention(q, k, v, cos=None, sin=None, mask=None, causal: bool = False,
                      scale: float | None = None, interleaved: bool = False,
                      config: Mapping[str, int] | None = None) -> torch.Tensor:
     """Attention of q (B, Hq, Tq, D) over k, v (B, Hkv, Tk, D); RoPE iff cos is given.
     Returns a new contiguous (B, Hq, Tq, D) tensor (`reference_op` semantics)."""
-    if cos is not None and q.shape[2] == k.shape[2] >= ROTATE_ONCE_MIN_TQ:
-        # Same rounding as on load: rotated in fp32, rounded once to the input dtype.
-        q, k = rope.launch_rope_qk(q, k, cos, sin, interleaved)
-        cos = sin = None
+    q, k, cos, sin = _rotate_once(q, k, cos, sin, interleaved)
     cfg, tables, m4 = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config)
     return _run(q, k, v, tables, m4, causal, scale, interleaved, cfg)[0]
 
@@ -500,9 +507,11 @@ def spills_attention(q, k, v, cos=None, sin=None, mask=None, causal=False, scale
                      interleaved=False, config=None) -> int | None:
     """Register spills of the compiled attention kernel; None under the interpreter or off
     CUDA (the combine kernel is tiny and not reported)."""
-    cfg, tables, m4 = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config)
     if interpreting() or q.device.type != "cuda" or q.numel() == 0 or k.shape[2] == 0:
+        _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config)  # input checks
         return None
+    q, k, cos, sin = _rotate_once(q, k, cos, sin, interleaved)  # the kernel that would run
+    cfg, tables, m4 = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config)
     res = resources(_run(q, k, v, tables, m4, causal, scale, interleaved, cfg, True)[1])
     return None if res is None else res.n_spills
 
