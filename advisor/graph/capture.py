@@ -69,7 +69,11 @@ def aten_backend(
                 params = {p.name: nm for p, nm in zip(placeholders, names) if nm is not None}
             return on_graph(gm, params, list(aot_inputs))
 
-        return aot_autograd(fw_compiler=fw_compiler)(dynamo_gm, example_inputs)
+        # Input mutations (a KV cache written in place) stay in the graph as trailing
+        # `copy_`s, where the runtime can put them back in place (runtime/inplace.py),
+        # instead of AOTAutograd's wrapper copying them back outside it.
+        return aot_autograd(fw_compiler=fw_compiler, keep_inference_input_mutations=True)(
+            dynamo_gm, example_inputs)
 
     return backend
 

@@ -25,6 +25,7 @@ from advisor.kernels.registry import all_kernels
 from advisor.kernels.testing import max_abs_error, max_violation, randn_nonzero, tolerance
 from advisor.runtime.direct import use_direct_calls
 from advisor.runtime.emit import EmitError, emit
+from advisor.runtime.inplace import write_inputs_in_place
 from advisor.runtime.plan import Plan
 
 
@@ -43,6 +44,7 @@ class RewriteReport:
     launches_before: int
     launches_after: int
     merged_weights: tuple[tuple[str, ...], ...] = ()   # parameter FQNs read as one matrix
+    in_place_writes: int = 0  # input (KV cache) updates put back in place
 
 
 def _random_like(node: fx.Node, gen: torch.Generator) -> Any:
@@ -181,6 +183,7 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
     cache = {} if cache is None else cache
     all_kernels()  # importing the kernel modules registers their custom ops
     before, params = _count_launches(gm), dict(params)
+    in_place = write_inputs_in_place(gm)  # a cache update: one small scatter, not two full copies
     results, merged, tried = [], [], set()
     while (m := _next_site(gm, params, plan, tried)) is not None:
         tried.add(_site_key(m))
@@ -202,7 +205,7 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
         results.append(SiteResult(m.family, m.module, True, max_error=float(cache[key])))
     gm.graph.lint()
     use_direct_calls(gm)
-    return RewriteReport(tuple(results), before, _count_launches(gm), tuple(merged))
+    return RewriteReport(tuple(results), before, _count_launches(gm), tuple(merged), in_place)
 
 
 def _confirm_or_reason(m: Match, config: str) -> float | str:

@@ -1,0 +1,91 @@
+"""Cache writes put back in place: `copy_(cache, index_copy(cache, ...))` -> `index_copy_`."""
+
+import torch
+from torch import fx
+
+from advisor.graph.capture import aten_backend
+from advisor.loader import build, call, first_tensor, inputs_for, load_model_file
+from advisor.runtime.apply import apply
+from advisor.runtime.inplace import write_inputs_in_place
+from advisor.runtime.plan import ALL_FUSIONS
+from advisor.state import Snapshot
+
+aten = torch.ops.aten
+CPU = torch.device("cpu")
+
+
+class _Step(torch.nn.Module):
+    """A cache update as models write it: scatter this step's rows, then read the cache."""
+
+    def forward(self, cache, pos, k):  # cache (B, H, S, D), pos (T,), k (B, H, T, D)
+        cache.index_copy_(2, pos, k)
+        return cache.sum(dim=2) * 2
+
+
+def _captured(model, *args):
+    graphs = []
+
+    def keep(gm, params, example):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=aten_backend(model, keep), dynamic=False)
+    with torch.no_grad():
+        compiled(*args)
+    torch._dynamo.reset()
+    return graphs[0]
+
+
+def _targets(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_cache_update_is_written_in_place():
+    cache, pos, k = torch.randn(2, 3, 10, 4), torch.tensor([4, 7]), torch.randn(2, 3, 2, 4)
+    gm = _captured(_Step(), cache.clone(), pos, k)
+    assert aten.index_copy.default in _targets(gm) and aten.copy_.default in _targets(gm)
+    assert write_inputs_in_place(gm) == 1
+    assert aten.index_copy_.default in _targets(gm)
+    assert aten.index_copy.default not in _targets(gm) and aten.copy_.default not in _targets(gm)
+    want_cache, got_cache = cache.clone(), cache.clone()
+    want = _Step()(want_cache, pos, k)
+    (got,) = gm(got_cache, pos, k)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(got_cache, want_cache)
+
+
+def test_a_read_of_the_old_cache_after_the_write_keeps_the_copy():
+    # old = cache.sum() scheduled after new = index_copy(cache, ...): in place would be wrong
+    g = fx.Graph()
+    cache, pos, k = g.placeholder("cache"), g.placeholder("pos"), g.placeholder("k")
+    new = g.call_function(aten.index_copy.default, (cache, 2, pos, k))
+    view = g.call_function(aten.view.default, (cache, [-1]))
+    old = g.call_function(aten.sum.default, (view,))
+    g.call_function(aten.copy_.default, (cache, new))
+    g.output((old,))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    assert write_inputs_in_place(gm) == 0
+    c = torch.randn(1, 2, 6, 3)
+    (total,) = gm(c.clone(), torch.tensor([1]), torch.randn(1, 2, 1, 3))
+    torch.testing.assert_close(total, c.sum())
+
+
+def test_decode_step_leaves_the_same_cache_as_eager():
+    for path in ("examples/tiny_llama.py", "examples/llama_hf.py"):
+        mf = load_model_file(path)
+        model = build(mf, CPU, torch.float32)
+        x = inputs_for(mf, 12, 2, CPU, phase="decode", dtype=torch.float32)
+        snap = Snapshot(x)
+        with torch.no_grad():
+            ref = first_tensor(call(model, x))
+        after_eager = Snapshot(x)
+        snap.restore()
+        fast = apply(model, ALL_FUSIONS, length_of=lambda a, k: 12)
+        with torch.no_grad():
+            got = first_tensor(call(fast, x))
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+        for live, eager in after_eager.pairs:  # the cache written as eager wrote it
+            torch.testing.assert_close(live, eager, atol=1e-5, rtol=1e-5, msg=path)
+        (total,) = [r for r in fast.summary() if r["family"] == "(all)"]
+        assert total["in_place_writes"] == 4, (path, total)  # k and v of 2 layers
