@@ -61,8 +61,9 @@ def _peak_mb(fn: Any, device: torch.device) -> float | None:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def _measure(name: str, fn: Any, device: torch.device, first_s: float, seq_len: int) -> dict[str, Any]:
-    return {"shape": seq_len, "variant": name, "ms": median_ms(fn, device),
+def _measure(name: str, fn: Any, device: torch.device, first_s: float, seq_len: int,
+             reset: Any = None) -> dict[str, Any]:
+    return {"shape": seq_len, "variant": name, "ms": median_ms(fn, device, reset=reset),
             "kernels": kernels_per_call(fn, device), "peak_mb": _peak_mb(fn, device),
             "first_call_s": round(first_s, 3)}
 
@@ -111,10 +112,12 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
     length_of = (lambda args, kwargs: context["len"]) if phase == "decode" else None
     gen = _GenerationBench(mf, inputs, states, generate, device, dtype, context, recipe,
                            generate_reps) if generate else None
+    # A decode step advances its cache: every timed run starts from the same state.
+    reset = {t: states[t].restore if phase == "decode" else None for t in shapes}
     rows: list[dict[str, Any]] = []
     with torch.no_grad():
         for t in shapes:
-            rows.append(_measure("eager", lambda t=t: call(model, inputs[t]), device, 0.0, t))
+            rows.append(_measure("eager", lambda t=t: call(model, inputs[t]), device, 0.0, t, reset[t]))
             states[t].restore()
             if t in exact:
                 rows[-1]["rel_error_vs_fp32"] = rel_error(refs[t].float(), exact[t])
@@ -125,7 +128,8 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
         fast = apply(model, recipe, length_of=length_of)
         for t in shapes:
             context["len"] = t
-            rows.append(_advisor_row(fast, inputs[t], states[t], refs[t], exact.get(t), device, dtype, t))
+            rows.append(_advisor_row(fast, inputs[t], states[t], refs[t], exact.get(t), device, dtype, t,
+                                     reset[t]))
         if gen:
             gen.run("advisor", fast)
         result.applied = fast.summary()
@@ -136,7 +140,7 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
                 try:
                     _, first = timed_call(lambda t=t, c=compiled: call(c, inputs[t]), device)
                     rows.append(_measure(f"torch.compile[{mode}]", lambda t=t, c=compiled: call(c, inputs[t]),
-                                         device, first, t))
+                                         device, first, t, reset[t]))
                 except Exception as exc:  # e.g. a mode that cannot trace this model's cache
                     rows.append({"shape": t, "variant": f"torch.compile[{mode}]", "ms": None,
                                  "error": _one_line(exc)})
@@ -150,11 +154,11 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
 
 
 def _advisor_row(fast: Any, x: Inputs, state: Snapshot, ref: torch.Tensor, exact: torch.Tensor | None,
-                 device: torch.device, dtype: torch.dtype, t: int) -> dict[str, Any]:
+                 device: torch.device, dtype: torch.dtype, t: int, reset: Any = None) -> dict[str, Any]:
     """The recipe's latency at one shape, its outputs checked against eager's first."""
     out, first = timed_call(lambda: call(fast, x), device)
     state.restore()
-    row = _measure("advisor", lambda: call(fast, x), device, first, t)
+    row = _measure("advisor", lambda: call(fast, x), device, first, t, reset)
     state.restore()
     got = first_tensor(out)
     verdict = judge(got, ref, dtype, exact)

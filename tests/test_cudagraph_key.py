@@ -1,5 +1,5 @@
 """The CUDA-graph cache key (runtime/cudagraph.py): what may replay a captured graph.
-Runs without a GPU: only the key is tested here; replays ran on the H200."""
+Runs without a GPU: the key and the warm-up are tested here; replays ran on the H200."""
 
 from __future__ import annotations
 
@@ -35,3 +35,48 @@ def test_other_objects_key_by_identity():
     assert k == _key((), {"input_ids": ids.clone(), "past_key_values": small})
     assert k != _key((), {"input_ids": ids, "past_key_values": big})
     assert k != _key((), {"input_ids": ids, "past_key_values": other})
+
+
+class CountingCache:
+    """Like a StaticCache: the write position lives in the object and each step moves it."""
+
+    def __init__(self, slots: int):
+        self.k = torch.zeros(1, slots)
+        self.cumulative_length = torch.tensor(0)
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        self.k[0, self.cumulative_length] = x
+        self.cumulative_length.add_(1)
+        return self.k.sum()
+
+
+def test_warm_up_leaves_object_state_and_inputs_as_they_were():
+    """Warm-up runs before capture must not advance a cache held inside an object (on the
+    H200 they moved StaticCache's write position, and the captured step wrote ahead of the
+    position it attended to); inputs written in place are reported as state."""
+    from advisor.runtime.cudagraph import warm_up
+
+    cache, tokens, written = CountingCache(8), torch.tensor(3.0), torch.zeros(4)
+
+    def step(x, buf, cache):
+        buf.add_(1)  # an input written in place: state
+        return cache.step(x)
+
+    state = warm_up(step, (tokens, written, cache), {}, runs=3)
+    assert state == [False, True, False]  # tokens: data; buf: state; the cache: an object
+    assert int(cache.cumulative_length) == 0 and not cache.k.any()
+    assert not written.any()  # the warm-up ran on a clone
+
+
+def test_median_ms_resets_state_before_every_run():
+    from advisor.timing import median_ms
+
+    cache, resets = CountingCache(4), []
+
+    def reset():
+        resets.append(1)
+        cache.cumulative_length.zero_()
+
+    ms = median_ms(lambda: cache.step(torch.tensor(1.0)), torch.device("cpu"), rep_ms=1, min_reps=20,
+                   reset=reset)  # 21+ steps in a 4-slot cache: only safe if reset each time
+    assert ms >= 0 and len(resets) >= 21 and int(cache.cumulative_length) == 1

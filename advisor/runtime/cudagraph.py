@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from advisor.state import Snapshot
+
 MAX_GRAPHS = 8
 
 
@@ -49,22 +51,42 @@ def _key(args: tuple, kwargs: dict) -> tuple:
     return (str(spec), tuple(_leaf_key(x) for x in flat))
 
 
+def warm_up(fn: Callable[..., Any], args: tuple, kwargs: dict, runs: int = 2) -> list[bool]:
+    """Run `fn` `runs` times outside capture (compiles, allocator, cuBLAS handles) and leave
+    every tensor reachable from the inputs as it was; returns, per flattened input, whether
+    the forward writes it in place (state).
+
+    Flattened tensors are passed as clones, whose version counters tell state from data.
+    Tensors held inside other objects (a `transformers` StaticCache: its keys/values and its
+    `cumulative_length` counter, which decides where the next write lands) are used live,
+    so they are snapshotted and restored: otherwise each warm-up run advances the cache and
+    the captured step writes ahead of the position it attends to (seen on the H200:
+    outputs unrelated to eager's)."""
+    flat, spec = tree_flatten((args, kwargs))
+    clones = [x.clone() if isinstance(x, torch.Tensor) else x for x in flat]
+    versions = [x._version if isinstance(x, torch.Tensor) else None for x in clones]
+    a, k = tree_unflatten(clones, spec)
+    snapshot = Snapshot((args, kwargs))
+    try:
+        for _ in range(runs):
+            fn(*a, **k)
+    finally:
+        snapshot.restore()
+    return [isinstance(c, torch.Tensor) and c._version != v for c, v in zip(clones, versions)]
+
+
 class _Captured:
     def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict):
         flat, self.spec = tree_flatten((args, kwargs))
-        clones = [x.clone() if isinstance(x, torch.Tensor) else x for x in flat]
-        versions = [x._version if isinstance(x, torch.Tensor) else None for x in clones]
-        a, k = tree_unflatten(clones, self.spec)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside capture (compiles, allocator, cuBLAS handles)
-                fn(*a, **k)
+            self.state = warm_up(fn, args, kwargs)
         torch.cuda.current_stream().wait_stream(stream)
         # Written in place by the forward -> state: capture on the caller's tensor (held
         # here, so its memory outlives the graph); else a private static copy.
-        self.state = [isinstance(c, torch.Tensor) and c._version != v for c, v in zip(clones, versions)]
-        self.static = [x if is_state else c for x, c, is_state in zip(flat, clones, self.state)]
+        self.static = [x if is_state or not isinstance(x, torch.Tensor) else x.clone()
+                       for x, is_state in zip(flat, self.state)]
         a, k = tree_unflatten(self.static, self.spec)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):

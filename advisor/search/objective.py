@@ -46,6 +46,7 @@ from advisor.loader import (
 )
 from advisor.runtime.plan import Plan
 from advisor.search.space import BucketSpace, suggest
+from advisor.state import Snapshot
 from advisor.verify import fp32_copy, judge, needs_truth
 
 if TYPE_CHECKING:
@@ -167,6 +168,12 @@ def _inputs(ctx: Context, length: int, seed: int, dtype: torch.dtype | None = No
     return inputs_for(ctx.mf, length, ctx.batch, ctx.device, phase=ctx.phase, dtype=dtype or ctx.dtype)
 
 
+def _reset(ctx: Context, inputs: Any) -> Callable[[], Any] | None:
+    """For decode: puts the step's inputs (its KV cache) back before each timed run, so
+    repeated steps neither run off the end of the cache nor time different work."""
+    return Snapshot(inputs).restore if ctx.phase == "decode" else None
+
+
 def _forward(model: Any, inputs: Any) -> torch.Tensor:
     with torch.no_grad():  # not inference_mode: state (a KV cache) must stay usable by traces
         return first_tensor(call(model, inputs))
@@ -253,7 +260,7 @@ def run_trial(ctx: Context, req: dict[str, Any], stage: Stage) -> dict[str, Any]
     main = _inputs(ctx, req["length"], req["seed"])
     with torch.no_grad():
         ms = median_ms(lambda: call(fast, main), ctx.device, warmup_ms=req["warmup_ms"],
-                       rep_ms=req["rep_ms"])
+                       rep_ms=req["rep_ms"], reset=_reset(ctx, main))
     return {"ok": True, "ms": ms, "max_error": err, "applied": sum(applied.values()),
             "unfused": unfused[:20]}
 
@@ -266,6 +273,7 @@ def measure(ctx: Context, req: dict[str, Any], stage: Stage) -> dict[str, Any]:
 
     release(ctx.device)
     main = _inputs(ctx, req["length"], req["seed"])
+    reset = _reset(ctx, main)
     models: list[Any] = []
     for obj in req["plans"]:
         try:
@@ -281,7 +289,8 @@ def measure(ctx: Context, req: dict[str, Any], stage: Stage) -> dict[str, Any]:
             if fast is not None:
                 with torch.no_grad():
                     times[i].append(median_ms(lambda f=fast: call(f, main), ctx.device,
-                                              warmup_ms=req["warmup_ms"], rep_ms=req["rep_ms"]))
+                                              warmup_ms=req["warmup_ms"], rep_ms=req["rep_ms"],
+                                              reset=reset))
     return {"ok": True, "ms": [sorted(t)[len(t) // 2] if t else None for t in times]}
 
 
@@ -301,7 +310,7 @@ def describe(ctx: Context, req: dict[str, Any], stage: Stage) -> dict[str, Any]:
     release(ctx.device)
     with torch.no_grad():
         ms = median_ms(lambda: call(ctx.model, inputs), ctx.device, warmup_ms=req["warmup_ms"],
-                       rep_ms=req["rep_ms"])
+                       rep_ms=req["rep_ms"], reset=_reset(ctx, inputs))
     return {"ok": True, "space": space.to_json(), "unfused_ms": ms}
 
 
