@@ -10,6 +10,10 @@ With `--phase decode --generate N`, every variant also generates N greedy tokens
 each context length (`advisor.generate`): per-token latency and tokens/s of the whole
 loop, the tokens, and how they and each step's logits compare with eager's. The JSON
 holds these rows under "generation", next to "rows".
+
+With `--ablate`, each shape's plan is also timed with each of its fusions left out (and
+without CUDA graphs): the measured saving per family (advisor/ablation.py), under
+"ablation", which `advisor report` sets against the analyzer's prediction.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 import torch
 
+from advisor.ablation import ablation_rows
 from advisor.errors import AdvisorError, ModelFileError
 from advisor.generate import Generation, advancer, check_capacity, compare, timed_greedy
 from advisor.kernels.testing import rel_error
@@ -33,6 +38,7 @@ from advisor.loader import (
     inputs_for,
 )
 from advisor.runtime.apply import apply
+from advisor.runtime.plan import Plan
 from advisor.runtime.recipe import Recipe
 from advisor.state import Snapshot
 from advisor.timing import kernels_per_call, median_ms, timed_call
@@ -48,6 +54,7 @@ class BenchResult:
     environment: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     generation: list[dict[str, Any]] = field(default_factory=list)  # phase decode, --generate N
+    ablation: list[dict[str, Any]] = field(default_factory=list)    # --ablate (advisor/ablation.py)
 
 
 def _peak_mb(fn: Any, device: torch.device) -> float | None:
@@ -86,7 +93,7 @@ def fp32_truth(mf: ModelFile, model: torch.nn.Module, shapes: tuple[int, ...], b
 def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int,
               device: torch.device, dtype: torch.dtype, compile_modes: tuple[str, ...],
               phase: str = "prefill", truth: bool = True, generate: int = 0,
-              generate_reps: int = 3) -> BenchResult:
+              generate_reps: int = 3, ablate: bool = False) -> BenchResult:
     """shapes are prompt lengths (prefill) or KV-cache context lengths (decode). Each
     shape's inputs are snapshot once; state they hold (a KV cache) is restored before
     every correctness check, so fused and eager see the same cache. With phase decode and
@@ -133,6 +140,14 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
         if gen:
             gen.run("advisor", fast)
         result.applied = fast.summary()
+        if ablate:
+            advisor_ms = {r["shape"]: r["ms"] for r in rows if r["variant"] == "advisor"}
+            for t in shapes:
+                context["len"] = t
+                bucket = recipe.bucket_for(t)
+                if bucket is not None and advisor_ms.get(t) is not None:
+                    result.ablation += ablation_rows(t, bucket.plan, advisor_ms[t], lambda p, t=t: _time_plan(
+                        model, p, inputs[t], states[t], device, length_of, reset[t]))
         for mode in compile_modes:
             torch._dynamo.reset()
             compiled = torch.compile(model, mode=None if mode == "default" else mode)
@@ -167,6 +182,18 @@ def _advisor_row(fast: Any, x: Inputs, state: Snapshot, ref: torch.Tensor, exact
     if verdict.rel_error_vs_fp32 is not None:
         row["rel_error_vs_fp32"] = verdict.rel_error_vs_fp32
     return row
+
+
+def _time_plan(model: torch.nn.Module, plan: Plan, x: Inputs, state: Snapshot, device: torch.device,
+               length_of: Any, reset: Any) -> float:
+    """Median ms of `model` with `plan` applied (its first call compiles, untimed)."""
+    try:
+        fast = apply(model, plan, length_of=length_of)
+        timed_call(lambda: call(fast, x), device)
+        state.restore()
+        return median_ms(lambda: call(fast, x), device, reset=reset)
+    finally:
+        state.restore()
 
 
 def _with_speedups(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
@@ -247,4 +274,5 @@ class _GenerationBench:
 
 def to_json(r: BenchResult) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "kind": "advisor.bench", "environment": r.environment,
-            "meta": r.meta, "rows": r.rows, "generation": r.generation, "applied": r.applied}
+            "meta": r.meta, "rows": r.rows, "generation": r.generation, "applied": r.applied,
+            "ablation": r.ablation}

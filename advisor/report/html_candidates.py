@@ -12,6 +12,13 @@ the families' on/off (and cuda_graph). A family it cannot separate (always on, a
 collinear, not tuned there) shows "—" with the reason as a tooltip. The plan row compares
 the sum of the predicted savings of the families in the plan with the plan's measured
 saving (bench eager − advisor, else the recipe's unfused − tuned). All input text is escaped.
+
+A bench run with `--ablate` measures each family directly (advisor/ablation.py: the plan
+without it minus the plan, at this very length); that measurement is preferred to the
+trial estimate. Under CUDA graphs a removed launch is worth the measured graph launch cost
+(~1 µs), not the eager host cost (~8 µs), so the family is then compared with its
+prediction re-priced that way (from the analysis' ceilings and the candidate's launches
+and bytes).
 """
 
 from __future__ import annotations
@@ -115,13 +122,46 @@ def _caption(bucket: int, att: Attribution) -> str:
             f"{_e(bucket)} tokens{_e(fit)}{_e(graph)}.</p>")
 
 
+# ---- per-family measured savings from a leave-one-out bench (--ablate) ----------------
+
+def ablation_at(bench: dict | None, length: int) -> dict[str, dict]:
+    """removed family -> its ablation row at this length (empty without --ablate)."""
+    return {str(r.get("removed")): r for r in (bench or {}).get("ablation", []) or []
+            if r.get("shape") == length}
+
+
+def graph_priced(c: dict, ceilings: dict | None) -> float | None:
+    """The candidate's predicted saving with each removed launch at the CUDA-graph launch
+    cost: launches × graph_launch_us + bytes ÷ copy bandwidth (None without ceilings)."""
+    g, bw = _num((ceilings or {}).get("graph_launch_us")), _num((ceilings or {}).get("copy_gbps"))
+    launches, nbytes = _num(c.get("launches_removed")), _num(c.get("bytes_avoided"))
+    if None in (g, bw, launches, nbytes) or not bw:
+        return None
+    return launches * g * 1e-3 + nbytes / (bw * 1e9) * 1e3
+
+
+def _ablation_cells(row: dict, c: dict, ceilings: dict | None, graphs: bool) -> list[tuple[str, bool]]:
+    fam, predicted = row.get("removed"), _num(c.get("predicted_saving_ms"))
+    tip = (f"leave-one-out in the bench at {row.get('shape')} tokens: plan without {fam} "
+           f"{_f(row.get('without_ms'))} ms − plan {_f(row.get('plan_ms'))} ms")
+    if row.get("error"):
+        tip += f" ({row['error']})"
+    if graphs and (repriced := graph_priced(c, ceilings)) is not None:
+        tip += (f"; compared with the prediction re-priced for CUDA graphs, {repriced:.3f} ms "
+                f"(eager-priced {_f(predicted)} ms)")
+        predicted = repriced
+    return _error_cells(_num(row.get("measured_saving_ms")), predicted, tip)
+
+
 # ---- the table --------------------------------------------------------------------------------
 
 def candidates_table(s: dict, bench: dict | None, recipe: dict | None,
-                     history: list[dict] | None = None) -> str:
+                     history: list[dict] | None = None, ceilings: dict | None = None) -> str:
     length, cands = s["seq_len"], s.get("candidates", [])
     plan = _plan_families(bench, recipe, length)
     found = family_attribution(history, [str(c.get("family")) for c in cands], length)
+    ablated = ablation_at(bench, length)
+    graphs = "cuda_graph" in ablated
     rows, in_plan = [], 0.0
     for i, c in enumerate(cands, 1):
         fam = str(c.get("family"))
@@ -131,8 +171,12 @@ def candidates_table(s: dict, bench: dict | None, recipe: dict | None,
         if plan is not None and fam in plan and c.get("applicable", True) and c.get("kernel"):
             in_plan += predicted or 0.0
         fs = found[1].get(fam) if found is not None else None
-        measured = (_error_cells(fs.saving_ms, predicted, _tip(fs, found[0], length))
-                    if fs is not None and found is not None else [(DASH, True), (DASH, True)])
+        if fam in ablated:
+            measured = _ablation_cells(ablated[fam], c, ceilings, graphs)
+        elif fs is not None and found is not None:
+            measured = _error_cells(fs.saving_ms, predicted, _tip(fs, found[0], length))
+        else:
+            measured = [(DASH, True), (DASH, True)]
         rows.append([(str(i), True), (_e(fam), False), (_e(c.get("kernel") or DASH), False),
                      (f'<span title="{_e(", ".join(map(str, c.get("sites", []))))}">'
                       f'{_e(c.get("count", DASH))}</span>', True),
@@ -157,6 +201,10 @@ def candidates_section(a: dict, bench: dict | None, recipe: dict | None,
             "on/off over the families (and CUDA graphs). It ignores interactions between families and "
             "their configs; hover a cell for the method and trial counts. “—”: no estimate (no tuning "
             "trials with parameters at that length, or the family was always on, always off or toggled "
-            "together with another: hover for why). The plan row compares the sum of the predicted "
-            "savings of the families in the plan with the plan's measured saving.</p>")
-    return "".join(candidates_table(s, bench, recipe, history) for s in a.get("shapes", [])) + note
+            "together with another: hover for why). A bench run with --ablate measures each family "
+            "directly instead: the plan without it minus the plan, at that length; under CUDA graphs "
+            "it is compared with the prediction re-priced at the graph launch cost. The plan row "
+            "compares the sum of the predicted savings of the families in the plan with the plan's "
+            "measured saving.</p>")
+    return "".join(candidates_table(s, bench, recipe, history, a.get("ceilings"))
+                   for s in a.get("shapes", [])) + note

@@ -1,0 +1,67 @@
+"""Leave-one-out ablation (advisor/ablation.py): plans, bench rows, and the report's use."""
+
+import json
+from pathlib import Path
+
+import torch
+
+from advisor.ablation import ablation_rows, leave_one_out
+from advisor.bench import run_bench, to_json
+from advisor.loader import load_model_file
+from advisor.report.html import render_html
+from advisor.report.html_candidates import graph_priced
+from advisor.runtime.plan import Plan
+from advisor.runtime.recipe import Recipe
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+PLAN = Plan(("add_rms_norm", "rope", "gated_act"), {"rope": "BLOCK_D=32", "gated_act": ""}, cuda_graph=True)
+
+
+def test_leave_one_out_drops_each_family_and_its_config_then_graphs():
+    out = leave_one_out(PLAN)
+    assert [r for r, _ in out] == ["add_rms_norm", "rope", "gated_act", "cuda_graph"]
+    no_rope = dict(out)["rope"]
+    assert no_rope.fusions == ("add_rms_norm", "gated_act") and "rope" not in no_rope.configs
+    assert no_rope.cuda_graph and not dict(out)["cuda_graph"].cuda_graph
+    assert [r for r, _ in leave_one_out(Plan(("rope",)))] == ["rope"]
+
+
+def test_rows_carry_both_timings_and_a_failing_plan_is_a_row():
+    def time_plan(p):
+        if "rope" not in p.fusions:
+            raise RuntimeError("no kernel\nsecond line")
+        return 2.0 + 0.5 * (3 - len(p.fusions)) + (0.0 if p.cuda_graph else 1.0)
+
+    rows = {r["removed"]: r for r in ablation_rows(128, PLAN, 2.0, time_plan)}
+    assert rows["add_rms_norm"]["measured_saving_ms"] == 0.5 and rows["add_rms_norm"]["without_ms"] == 2.5
+    assert rows["cuda_graph"]["measured_saving_ms"] == 1.0
+    assert rows["rope"]["measured_saving_ms"] is None and rows["rope"]["error"] == "RuntimeError: no kernel"
+
+
+def test_bench_ablate_on_the_cpu_times_every_family_of_the_plan():
+    mf = load_model_file("examples/tiny_llama.py")
+    plan = Plan(("add_rms_norm", "gated_act"))
+    result = run_bench(mf, Recipe.from_plan(plan), (16,), 1, torch.device("cpu"), torch.float32, (),
+                       truth=False, ablate=True)
+    rows = to_json(result)["ablation"]
+    assert [r["removed"] for r in rows] == ["add_rms_norm", "gated_act"]
+    advisor_ms = next(r["ms"] for r in result.rows if r["variant"] == "advisor")
+    for r in rows:
+        assert r["shape"] == 16 and r["plan_ms"] == advisor_ms and r["without_ms"] > 0
+        assert abs(r["measured_saving_ms"] - (r["without_ms"] - r["plan_ms"])) < 1e-12
+
+
+def test_report_prefers_the_ablation_and_reprices_launches_under_graphs():
+    analysis = json.loads((RESULTS / "h200-analysis-2026-12-02.json").read_text())
+    shape = analysis["shapes"][0]
+    t = shape["seq_len"]
+    cand = next(c for c in shape["candidates"] if c["family"] == "add_rms_norm")
+    bench = {"schema_version": 1, "kind": "advisor.bench", "rows": [], "applied": [], "ablation": [
+        {"shape": t, "removed": "add_rms_norm", "plan_ms": 1.45, "without_ms": 1.62, "measured_saving_ms": 0.17},
+        {"shape": t, "removed": "cuda_graph", "plan_ms": 1.45, "without_ms": 6.0, "measured_saving_ms": 4.55}]}
+    page = render_html(analyses=[analysis], bench=bench, title="t")
+    repriced = graph_priced(cand, analysis["ceilings"])
+    # 128 launches at ~0.94 µs + 2 MB at ~4.2 TB/s, far below the eager-priced 1.2 ms
+    assert repriced is not None and 0.1 < repriced < 0.2 < cand["predicted_saving_ms"]
+    assert "leave-one-out in the bench" in page and "0.170 ms" in page
+    assert f"{0.17 - repriced:+.3f} ms" in page
