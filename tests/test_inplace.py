@@ -1,12 +1,13 @@
-"""Cache writes put back in place: `copy_(cache, index_copy(cache, ...))` -> `index_copy_`."""
+"""Cache writes put back in place: `copy_(cache, index_copy(cache, ...))` -> `index_copy_`;
+then RoPE + the k/v cache writes of a decode step fused into one op (rope_kv_cache)."""
 
 import torch
 from torch import fx
 
 from advisor.graph.capture import aten_backend
+from advisor.graph.inplace import write_inputs_in_place
 from advisor.loader import build, call, first_tensor, inputs_for, load_model_file
 from advisor.runtime.apply import apply
-from advisor.runtime.inplace import write_inputs_in_place
 from advisor.runtime.plan import ALL_FUSIONS
 from advisor.state import Snapshot
 
@@ -87,5 +88,7 @@ def test_decode_step_leaves_the_same_cache_as_eager():
         torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
         for live, eager in after_eager.pairs:  # the cache written as eager wrote it
             torch.testing.assert_close(live, eager, atol=1e-5, rtol=1e-5, msg=path)
-        (total,) = [r for r in fast.summary() if r["family"] == "(all)"]
-        assert total["in_place_writes"] == 4, (path, total)  # k and v of 2 layers
+        rows = {r["family"]: r for r in fast.summary()}
+        assert rows["(all)"]["in_place_writes"] == 4, (path, rows)  # k and v of 2 layers
+        # RoPE + both cache writes as one op per layer, whatever the model's spelling
+        assert rows["rope_kv_cache"]["applied"] == 2 and rows["rope"]["applied"] == 0, (path, rows)

@@ -70,8 +70,8 @@ def aten_backend(
             return on_graph(gm, params, list(aot_inputs))
 
         # Input mutations (a KV cache written in place) stay in the graph as trailing
-        # `copy_`s, where the runtime can put them back in place (runtime/inplace.py),
-        # instead of AOTAutograd's wrapper copying them back outside it.
+        # `copy_`s, which graph/inplace.py puts back in place (for analysis and runtime
+        # alike), instead of AOTAutograd's wrapper copying them back outside the graph.
         return aot_autograd(fw_compiler=fw_compiler, keep_inference_input_mutations=True)(
             dynamo_gm, example_inputs)
 
@@ -81,9 +81,12 @@ def aten_backend(
 def capture(model: torch.nn.Module, inputs: Inputs) -> Captured:
     """Trace one forward of `model(*inputs)` and return its aten graphs (not executed
     faster: the graphs are run as-is)."""
+    from advisor.graph.inplace import write_inputs_in_place  # imports graph.match, which imports us
+
     parts: list[GraphPart] = []
 
     def keep(gm: fx.GraphModule, params: dict[str, str], _ex: list[Any]) -> Callable[..., Any]:
+        write_inputs_in_place(gm)  # the graph the runtime rewrites (runtime/rewrite.py)
         parts.append(GraphPart(gm=gm, params=params))
         return gm.forward
 

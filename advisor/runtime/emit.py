@@ -176,6 +176,26 @@ def _slice_columns(graph: fx.Graph, call: fx.Node, outs: list[fx.Node],
     return replaced
 
 
+def _emit_rope_cache(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
+    """rope_qk + index_copy_(k_cache) + index_copy_(v_cache) → rope_qk_cache, which writes
+    both caches in place and returns the rotated q. Readers of the two writes' results
+    (aliases of the caches) read the cache inputs, after the fused op; the writes are
+    removed here (DCE keeps in-place ops)."""
+    names = ("q", "k", "v", "cos", "sin", "k_cache", "v_cache", "cache_position", "interleaved")
+    args = [m.operands[n] for n in names]
+    after = _insert_point(graph, m, args)
+    inside = set(m.nodes)
+    with graph.inserting_after(after):
+        call = _new(graph, torch.ops.advisor.rope_qk_cache.default, (*args, config))
+    replaced = {m.outputs["q"]: _reroute(m.outputs["q"], call, inside)}
+    for name in ("k_cache", "v_cache"):
+        write = m.outputs[name]
+        write.replace_all_uses_with(m.operands[name])
+        graph.erase_node(write)
+        replaced[write] = m.operands[name]
+    return replaced
+
+
 def emit(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
     """Insert the fused op for `m`; returns {replaced node: its new value}. The replaced
     nodes become dead (the caller runs DCE)."""
@@ -185,6 +205,8 @@ def emit(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
         return _emit_rmsnorm_linear(graph, m, config)
     if m.kernel == "bias_act" and "addmm" in m.operands:
         return _emit_bias_act_addmm(graph, m, config)
+    if m.kernel == "rope_qk_cache":
+        return _emit_rope_cache(graph, m, config)
     if m.kernel in KERNEL_ARGS:
         return _emit_kernel(graph, m, config)
     raise EmitError(f"no emitter for kernel {m.kernel!r}")

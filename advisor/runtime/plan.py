@@ -20,6 +20,7 @@ FAMILIES: dict[str, str] = {
     "gated_act": "gated_act",
     "bias_act": "bias_act",
     "rope": "rope_qk",
+    "rope_kv_cache": "rope_qk_cache",
     "attention_rope": "attention",
     "attention": "attention",
     "qkv_merge": "merged_linear",

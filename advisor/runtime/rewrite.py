@@ -19,13 +19,13 @@ from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from advisor.graph.capture import fake, hint
+from advisor.graph.inplace import write_inputs_in_place
 from advisor.graph.match import Match, launches
 from advisor.graph.patterns import find_all
 from advisor.kernels.registry import all_kernels
 from advisor.kernels.testing import max_abs_error, max_violation, randn_nonzero, tolerance
 from advisor.runtime.direct import use_direct_calls
 from advisor.runtime.emit import EmitError, emit
-from advisor.runtime.inplace import write_inputs_in_place
 from advisor.runtime.plan import Plan
 
 
@@ -47,8 +47,10 @@ class RewriteReport:
     in_place_writes: int = 0  # input (KV cache) updates put back in place
 
 
-def _random_like(node: fx.Node, gen: torch.Generator) -> Any:
-    """A random non-zero tensor shaped like the node's value (a SymInt input: its hint)."""
+def _random_like(node: fx.Node, gen: torch.Generator, slots: int | None = None) -> Any:
+    """A random non-zero tensor shaped like the node's value (a SymInt input: its hint).
+    `slots`: the match writes a cache of that many positions, and an integer input is the
+    positions it writes: distinct random slots."""
     val = node.meta.get("val")
     if isinstance(val, (int, torch.SymInt)):
         return hint(val)
@@ -56,6 +58,8 @@ def _random_like(node: fx.Node, gen: torch.Generator) -> Any:
     if t is None:
         raise EmitError(f"operand {node.name} has no tensor metadata")
     shape = tuple(hint(s) for s in t.shape)
+    if slots is not None and not t.dtype.is_floating_point and len(shape) == 1 and shape[0] <= slots:
+        return torch.randperm(slots, generator=gen)[:shape[0]].to(device=t.device, dtype=t.dtype)
     if not t.dtype.is_floating_point:
         raise EmitError(f"operand {node.name} is {t.dtype}; cannot confirm with random floats")
     return randn_nonzero(shape, t.dtype, t.device, gen)
@@ -111,8 +115,10 @@ def confirm(m: Match, config: str, seed: int = 0) -> float:
     gen = torch.Generator().manual_seed(seed)
     # Compilers run under the tracer's fake mode: confirm on real tensors.
     with unset_fake_temporarily(), torch.inference_mode():
-        args = [_random_like(n, gen) for n in inputs]
-        want, got = ref_gm(*args), fused_gm(*args)
+        args = [_random_like(n, gen, m.operands.get("slots")) for n in inputs]
+        # Each side on its own copy: a match may write its inputs in place (a KV cache).
+        want = ref_gm(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+        got = fused_gm(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
         try:
             return _compare(want, got)
         except EmitError as mismatch:

@@ -15,8 +15,10 @@
 |   the projections' prologue)   |                   |                           |
 | attention_rope, attention      | attention.py      | attention.py              |
 |   (SDPA, RoPE folded in)       |                   |                           |
+| rope_kv_cache (RoPE + in-place | cache.py          | rope.py (rope_qk_cache)   |
+|   k/v cache write)             |                   |                           |
 | explicit softmax attention,    | attention.py      | analysis only             |
-|   kv_cache_write, rope_kv_cache|                   |                           |
+|   kv_cache_write               |                   |                           |
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 from torch import fx
 
 from advisor.graph.match import Match
-from advisor.graph.patterns import activation, attention, linear, norm, rope
+from advisor.graph.patterns import activation, attention, cache, linear, norm, rope
 
 
 def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
@@ -34,6 +36,7 @@ def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
     # Deeper fusions first: where several are enabled, the runtime takes the first that
     # matches a site (a norm folded into its projections beats the norm alone, etc.).
     fusable_attention = attention.find_fusable(gm, ropes)
+    rope_writes = cache.find(gm, ropes)
     matches = [
         *[m for m in fusable_attention if m.family == "attention_rope"],  # RoPE folded in
         *linear.find_norm_projections(norms, gm, params),
@@ -41,11 +44,12 @@ def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
         *linear.find_swiglu_projections(gated, params),  # before gated_act: it subsumes it
         *gated,
         *activation.find_bias_act(gm, params),
+        *rope_writes,  # before rope: it subsumes the rotation
         *ropes,
         *linear.find_merges(gm, params, gated),
         *[m for m in fusable_attention if m.family == "attention"],
         *attention.not_covered(attention.find(gm, ropes), fusable_attention),  # analysis only
-        *attention.find_cache_writes(gm, ropes),
+        *attention.find_cache_writes(gm, ropes, rope_writes),  # analysis only
     ]
     # Analysis-only candidates are priced even when they overlap others; anything the
     # runtime may rewrite must be self-contained.

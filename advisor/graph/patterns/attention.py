@@ -65,12 +65,14 @@ def find(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
     return found
 
 
-def find_cache_writes(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
+def find_cache_writes(gm: fx.GraphModule, ropes: list[Match], fusable: list[Match] = ()) -> list[Match]:
+    """Cache writes no runnable match (patterns/cache.py, in `fusable`) already holds."""
     rotated = {o for m in ropes for o in m.outputs.values()}
+    held = {n for m in fusable for n in m.nodes}
     found = []
     for node in gm.graph.nodes:
-        if is_op(node, aten.index_copy.default, aten.index_copy_.default,
-                 aten.index_put.default, aten.index_put_.default):
+        if node not in held and is_op(node, aten.index_copy.default, aten.index_copy_.default,
+                                      aten.index_put.default, aten.index_put_.default):
             src = node.args[3] if "index_copy" in str(node.target) else node.args[2]
             family = "rope_kv_cache" if strip_views(src) in rotated else "kv_cache_write"
             found.append(Match(family, None, module_path(node), (node,), {}, {"y": node}))

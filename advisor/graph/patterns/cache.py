@@ -1,0 +1,62 @@
+"""RoPE + KV-cache write: rotate q and k, and write the rotated k and v into the cache, in
+one launch (kernels/rope.py `rope_qk_cache`).
+
+Matched on graphs whose cache update is in place again (graph/inplace.py):
+
+    q_rot, k_rot = rope(q, k, cos, sin)          # a rope_qk site (patterns/rope.py)
+    index_copy_(k_cache, 2, pos, k_rot)          # k_rot read by nothing else
+    index_copy_(v_cache, 2, pos, v)              # same positions, v shaped like k
+
+with both caches graph inputs (B, Hkv, S, D). This is what `transformers`' StaticCache and
+hand-written static caches do at every decode step; the fused op saves the k write/read
+round trip and two launches per layer. Readers of the updated caches read the cache
+inputs themselves after the fused op (it writes them in place).
+"""
+
+from __future__ import annotations
+
+from torch import fx
+
+from advisor.graph.capture import fake, hint, module_path
+from advisor.graph.match import Match, aten, is_op
+
+
+def _writes(gm: fx.GraphModule) -> dict[tuple[fx.Node, fx.Node], list[fx.Node]]:
+    """(positions, source) -> in-place `index_copy_(cache, 2, positions, source)` nodes into
+    graph inputs."""
+    out: dict[tuple[fx.Node, fx.Node], list[fx.Node]] = {}
+    for n in gm.graph.nodes:
+        if is_op(n, aten.index_copy_.default) and n.args[1] in (2, -2) and n.args[0].op == "placeholder":
+            out.setdefault((n.args[2], n.args[3]), []).append(n)
+    return out
+
+
+def find(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
+    writes = _writes(gm)
+    by_pos: dict[fx.Node, list[fx.Node]] = {}
+    for (pos, _src), nodes in writes.items():
+        by_pos.setdefault(pos, []).extend(nodes)
+    found = []
+    for r in ropes:
+        k_rot = r.outputs["k"]
+        if len(k_rot.users) != 1:
+            continue
+        k_write = next(iter(k_rot.users))
+        if not is_op(k_write, aten.index_copy_.default) or k_write not in by_pos.get(k_write.args[2], []) \
+                or k_write.args[3] is not k_rot:
+            continue
+        pos, k_cache = k_write.args[2], k_write.args[0]
+        tk, tc = fake(r.operands["k"]), fake(k_cache)
+        v_write = next((w for w in by_pos[pos] if w is not k_write and w.args[0] is not k_cache
+                        and (tv := fake(w.args[3])) is not None and tk is not None
+                        and tv.shape == tk.shape and tv.dtype == tk.dtype
+                        and (tvc := fake(w.args[0])) is not None and tc is not None
+                        and tvc.shape == tc.shape), None)
+        if v_write is None or tc is None or tc.dim() != 4:
+            continue
+        operands = {**r.operands, "v": v_write.args[3], "k_cache": k_cache, "v_cache": v_write.args[0],
+                    "cache_position": pos, "slots": hint(tc.shape[2])}
+        found.append(Match("rope_kv_cache", "rope_qk_cache", r.module or module_path(k_write),
+                           (*r.nodes, k_write, v_write), operands,
+                           {"q": r.outputs["q"], "k_cache": k_write, "v_cache": v_write}))
+    return found
