@@ -47,8 +47,12 @@ def _leaf_key(x: Any) -> tuple:
 
 
 def _key(args: tuple, kwargs: dict) -> tuple:
-    flat, spec = tree_flatten((args, kwargs))
-    return (str(spec), tuple(_leaf_key(x) for x in flat))
+    return _flat_key(*tree_flatten((args, kwargs)))
+
+
+def _flat_key(flat: list[Any], spec: Any) -> tuple:
+    """The key of already flattened inputs (a replay flattens once: host time per step)."""
+    return (spec, tuple(_leaf_key(x) for x in flat))
 
 
 def warm_up(fn: Callable[..., Any], args: tuple, kwargs: dict, runs: int = 2) -> list[bool]:
@@ -115,10 +119,10 @@ class GraphCache:
         self.failures: list[str] = []  # why a capture failed (first line), for summaries
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        key = _key(args, kwargs)
+        flat, spec = tree_flatten((args, kwargs))
+        key = _flat_key(flat, spec)
         if key in self.failed:
             return self.fn(*args, **kwargs)
-        flat, _ = tree_flatten((args, kwargs))
         if key in self.state_of:
             full = (key, _state_pointers(flat, self.state_of[key]))
             if full in self.graphs:
