@@ -136,3 +136,18 @@ def test_more_accurate_kernel_is_accepted_less_accurate_is_not():
     assert _as_accurate(better, eager, truth)
     assert not _as_accurate(worse, eager, truth)
     assert not _as_accurate((torch.tensor([float("nan"), -2.0, 0.0]),), eager, truth)
+
+
+def test_linear_bias_act_folds_the_mlp_activation_into_the_gemm_epilogue():
+    """GPT-NeoX's MLP is gelu(x·Wᵀ + b): one gemm_epilogue per layer, viewed back to
+    (B, T, N) with the captured (symbolic) sizes — two lengths, one compile."""
+    model = tiny_hf("GPTNeoX")
+    refs = {t: model(**ids(t)) for t in (4, 11)}
+    fast = apply(model, Plan(("linear_bias_act",)))
+    for t, ref in refs.items():
+        _check_close(fast(**ids(t)), ref, torch.float32)
+    rows = {r["family"]: r for r in fast.summary()}
+    assert rows["linear_bias_act"]["applied"] == 2 and rows["(all)"]["compiles"] == 1
+    alone = apply(model, Plan(("bias_act",)))  # without it, the elementwise epilogue still applies
+    _check_close(alone(**ids(4)), refs[4], torch.float32)
+    assert {r["family"]: r for r in alone.summary()}["bias_act"]["applied"] == 2

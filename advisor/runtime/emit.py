@@ -176,6 +176,19 @@ def _slice_columns(graph: fx.Graph, call: fx.Node, outs: list[fx.Node],
     return replaced
 
 
+def _emit_linear_epilogue(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
+    """view(mm/addmm(x, Wᵀ)) → act  becomes  view(gemm_epilogue(x, W, b, act)) with the
+    captured view's sizes (symbolic sizes are nodes defined before the view)."""
+    x, w, b, shape = m.operands["x"], m.operands["weight"], m.operands["bias"], m.operands["out_shape"]
+    after = _insert_point(graph, m, [x, w, b, shape])
+    with graph.inserting_after(after):
+        call = _new(graph, torch.ops.advisor.gemm_epilogue.default,
+                    (x, w, b, None, m.operands["activation"], config))
+    with graph.inserting_after(call):
+        y = _new(graph, aten.view.default, (call, shape))
+    return {m.outputs["y"]: _reroute(m.outputs["y"], y, set(m.nodes))}
+
+
 def _emit_rope_cache(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
     """rope_qk + index_copy_(k_cache) + index_copy_(v_cache) → rope_qk_cache, which writes
     both caches in place and returns the rotated q. Readers of the two writes' results
@@ -207,6 +220,8 @@ def emit(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
         return _emit_bias_act_addmm(graph, m, config)
     if m.kernel == "rope_qk_cache":
         return _emit_rope_cache(graph, m, config)
+    if m.kernel == "gemm_epilogue":
+        return _emit_linear_epilogue(graph, m, config)
     if m.kernel in KERNEL_ARGS:
         return _emit_kernel(graph, m, config)
     raise EmitError(f"no emitter for kernel {m.kernel!r}")

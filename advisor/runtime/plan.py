@@ -19,6 +19,7 @@ FAMILIES: dict[str, str] = {
     "gate_up_swiglu": "linear_swiglu",
     "gated_act": "gated_act",
     "bias_act": "bias_act",
+    "linear_bias_act": "gemm_epilogue",
     "rope": "rope_qk",
     "rope_kv_cache": "rope_qk_cache",
     "attention_rope": "attention",

@@ -7,6 +7,8 @@
 | gate_up_swiglu (projections +  | linear.py         | linear_swiglu.py (gemm.py)|
 |   SwiGLU in one GEMM)          |                   |                           |
 | gated_act (SwiGLU, GeGLU)      | activation.py     | gated_act.py              |
+| linear_bias_act (bias + act in | linear.py         | gemm.py (gemm_epilogue)   |
+|   the projection's epilogue)   |                   |                           |
 | bias_act                       | activation.py     | bias_act.py               |
 | rope (q and k in one launch)   | rope.py           | rope.py                   |
 | qkv_merge, gate_up_merge, ...  | linear.py         | merged_linear.py (cuBLAS) |
@@ -43,6 +45,7 @@ def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
         *norms,
         *linear.find_swiglu_projections(gated, params),  # before gated_act: it subsumes it
         *gated,
+        *linear.find_epilogues(gm, params),  # before bias_act: it subsumes it
         *activation.find_bias_act(gm, params),
         *rope_writes,  # before rope: it subsumes the rotation
         *ropes,

@@ -1,9 +1,12 @@
-"""Linear-layer patterns: horizontal merges and norm→projection prologues.
+"""Linear-layer patterns: horizontal merges, norm→projection prologues, and activation
+epilogues.
 
 `nn.Linear` lowers to `mm(view(x, [M, K]), t(W))` (or `addmm(b, ...)` with a bias). Linears
 that read the same activation with weights of the same K can run as one GEMM over the
 concatenated weights (Q/K/V, gate/up): one read of x and one launch instead of n.
-A norm whose output is read only by projections can be folded into their GEMM prologue.
+A norm whose output is read only by projections can be folded into their GEMM prologue;
+an activation that is a linear's only reader (GPT-style MLPs: gelu(x·Wᵀ + b)) into its
+epilogue, so the pre-activation never reaches memory.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from torch import fx
 
 from advisor.graph.capture import common_module, fake, module_path
 from advisor.graph.match import VIEW_OPS, Match, aten, is_op, strip_views
+from advisor.graph.patterns.activation import activation_of
 
 
 @dataclass(frozen=True)
@@ -150,4 +154,26 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
             nodes = tuple(n for n in nodes if n is not add)
             operands["x"] = add
         found.append(Match(f"{m.family}_linear", kernel, m.module, nodes, operands, outputs))
+    return found
+
+
+def find_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
+    """act(x·Wᵀ (+ b)) with the activation the linear's only reader, through the one `view`
+    back to the input's leading dims: one GEMM with the bias and activation in its epilogue
+    (kernels/gemm.py `gemm_epilogue`); the result is viewed back with the same sizes."""
+    found = []
+    for node in gm.graph.nodes:
+        act = activation_of(node)
+        if act is None or len(act[2]) != 1:  # hand-written silu reads its input twice
+            continue
+        name, pre, nodes = act
+        if not is_op(pre, aten.view.default, aten._unsafe_view.default) or len(pre.users) != 1:
+            continue
+        lin = linear_at(pre.args[0], params) if isinstance(pre.args[0], fx.Node) else None
+        if lin is None or len(lin.node.users) != 1:
+            continue
+        operands = {"x": lin.x2d, "weight": lin.weight, "bias": lin.bias, "activation": name,
+                    "out_shape": pre.args[1]}
+        found.append(Match("linear_bias_act", "gemm_epilogue", module_path(node),
+                           (lin.node.args[-1], lin.node, pre, *nodes), operands, {"y": node}))
     return found
