@@ -158,9 +158,11 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
 
 
 def find_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
-    """act(x·Wᵀ (+ b)) with the activation the linear's only reader, through the one `view`
+    """act(x·Wᵀ + b) with the activation the linear's only reader, through the one `view`
     back to the input's leading dims: one GEMM with the bias and activation in its epilogue
-    (kernels/gemm.py `gemm_epilogue`); the result is viewed back with the same sizes."""
+    (kernels/gemm.py `gemm_epilogue`); the result is viewed back with the same sizes.
+    Bias-free projections are left to the gated forms (act(g)·u: gated_act, gate_up_swiglu),
+    which is what they feed in the models we know."""
     found = []
     for node in gm.graph.nodes:
         act = activation_of(node)
@@ -170,7 +172,7 @@ def find_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
         if not is_op(pre, aten.view.default, aten._unsafe_view.default) or len(pre.users) != 1:
             continue
         lin = linear_at(pre.args[0], params) if isinstance(pre.args[0], fx.Node) else None
-        if lin is None or len(lin.node.users) != 1:
+        if lin is None or lin.bias is None or len(lin.node.users) != 1:
             continue
         operands = {"x": lin.x2d, "weight": lin.weight, "bias": lin.bias, "activation": name,
                     "out_shape": pre.args[1]}
