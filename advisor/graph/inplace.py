@@ -36,7 +36,7 @@ def _reads_after(src: fx.Node, pos: int, order: dict[fx.Node, int], skip: set[fx
         if is_op(user, *VIEW_OPS):
             if _reads_after(user, pos, order, skip):
                 return True
-        elif order[user] > pos:
+        elif order.get(user, len(order)) > pos:  # a node inserted by this pass: after
             return True
     return False
 
