@@ -18,9 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from advisor.runtime.plan import Plan
-
-CUDA_GRAPH = "cuda_graph"
+from advisor.runtime.plan import CUDA_GRAPH, Plan
 
 
 def leave_one_out(plan: Plan) -> list[tuple[str, Plan]]:

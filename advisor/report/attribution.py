@@ -52,7 +52,8 @@ from typing import Any
 
 import numpy as np
 
-CUDA_GRAPH = "cuda_graph"
+from advisor.runtime.plan import CUDA_GRAPH
+
 CONFIG_SUFFIX = ".config"
 PAIRED, LSTSQ = "paired", "least squares"
 

@@ -23,7 +23,14 @@ and bytes).
 
 from __future__ import annotations
 
-from advisor.report.attribution import PAIRED, Attribution, FamilySaving, attribute, trials_from_history
+from advisor.report.attribution import (
+    CUDA_GRAPH,
+    PAIRED,
+    Attribution,
+    FamilySaving,
+    attribute,
+    trials_from_history,
+)
 from advisor.report.html_bench import applied_rows, bench_rows
 from advisor.report.html_common import DASH, _bytes, _e, _f, _num, _table
 
@@ -161,7 +168,7 @@ def candidates_table(s: dict, bench: dict | None, recipe: dict | None,
     plan = _plan_families(bench, recipe, length)
     found = family_attribution(history, [str(c.get("family")) for c in cands], length)
     ablated = ablation_at(bench, length)
-    graphs = "cuda_graph" in ablated
+    graphs = CUDA_GRAPH in ablated
     rows, in_plan = [], 0.0
     for i, c in enumerate(cands, 1):
         fam = str(c.get("family"))

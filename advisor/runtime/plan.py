@@ -30,6 +30,8 @@ FAMILIES: dict[str, str] = {
 }
 # Kernels without a Triton config space (nothing to tune).
 UNTUNED_KERNELS = {"merged_linear"}
+# The plan key (and tune parameter, ablation row) for CUDA graphs on/off.
+CUDA_GRAPH = "cuda_graph"
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ index_copy/index_put into a cache buffer, "rope_kv_cache" when the written k is 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -65,7 +66,7 @@ def find(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
     return found
 
 
-def find_cache_writes(gm: fx.GraphModule, ropes: list[Match], fusable: list[Match] = ()) -> list[Match]:
+def find_cache_writes(gm: fx.GraphModule, ropes: list[Match], fusable: Sequence[Match] = ()) -> list[Match]:
     """Cache writes no runnable match (patterns/cache.py, in `fusable`) already holds."""
     rotated = {o for m in ropes for o in m.outputs.values()}
     held = {n for m in fusable for n in m.nodes}

@@ -15,43 +15,44 @@ inputs themselves after the fused op (it writes them in place).
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import fx
 
 from advisor.graph.capture import fake, hint, module_path
 from advisor.graph.match import Match, aten, is_op
 
 
-def _writes(gm: fx.GraphModule) -> dict[tuple[fx.Node, fx.Node], list[fx.Node]]:
-    """(positions, source) -> in-place `index_copy_(cache, 2, positions, source)` nodes into
-    graph inputs."""
-    out: dict[tuple[fx.Node, fx.Node], list[fx.Node]] = {}
+def _writes_by_position(gm: fx.GraphModule) -> dict[fx.Node, list[fx.Node]]:
+    """positions -> in-place `index_copy_(cache, 2, positions, source)` nodes into graph inputs."""
+    out: dict[fx.Node, list[fx.Node]] = {}
     for n in gm.graph.nodes:
         if is_op(n, aten.index_copy_.default) and n.args[1] in (2, -2) and n.args[0].op == "placeholder":
-            out.setdefault((n.args[2], n.args[3]), []).append(n)
+            out.setdefault(n.args[2], []).append(n)
     return out
 
 
+def _same_shape(a: Any, b: Any) -> bool:
+    ta, tb = fake(a), fake(b)
+    return ta is not None and tb is not None and ta.shape == tb.shape and ta.dtype == tb.dtype
+
+
 def find(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
-    writes = _writes(gm)
-    by_pos: dict[fx.Node, list[fx.Node]] = {}
-    for (pos, _src), nodes in writes.items():
-        by_pos.setdefault(pos, []).extend(nodes)
+    by_pos = _writes_by_position(gm)
     found = []
     for r in ropes:
         k_rot = r.outputs["k"]
-        if len(k_rot.users) != 1:
+        k_write = next(iter(k_rot.users)) if len(k_rot.users) == 1 else None
+        if not is_op(k_write, aten.index_copy_.default) or k_write.args[3] is not k_rot:
             continue
-        k_write = next(iter(k_rot.users))
-        if not is_op(k_write, aten.index_copy_.default) or k_write not in by_pos.get(k_write.args[2], []) \
-                or k_write.args[3] is not k_rot:
+        writes = by_pos.get(k_write.args[2], [])
+        if k_write not in writes:  # not a write into a graph input along dim 2
             continue
         pos, k_cache = k_write.args[2], k_write.args[0]
-        tk, tc = fake(r.operands["k"]), fake(k_cache)
-        v_write = next((w for w in by_pos[pos] if w is not k_write and w.args[0] is not k_cache
-                        and (tv := fake(w.args[3])) is not None and tk is not None
-                        and tv.shape == tk.shape and tv.dtype == tk.dtype
-                        and (tvc := fake(w.args[0])) is not None and tc is not None
-                        and tvc.shape == tc.shape), None)
+        tc = fake(k_cache)
+        # v: written at the same positions into another cache of the same shape, shaped like k
+        v_write = next((w for w in writes if w.args[0] is not k_cache and _same_shape(w.args[0], k_cache)
+                        and _same_shape(w.args[3], r.operands["k"])), None)
         if v_write is None or tc is None or tc.dim() != 4:
             continue
         operands = {**r.operands, "v": v_write.args[3], "k_cache": k_cache, "v_cache": v_write.args[0],
