@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 
 from advisor.errors import KernelInputError
 from advisor.kernels import gemm
@@ -237,9 +238,56 @@ def test_space_bounded_default_kept_fits_smem(m, dtype):
         for c in configs:
             tile = c["BLOCK_M"] * c["BLOCK_K"] + (1 + gated) * c["BLOCK_N"] * c["BLOCK_K"]
             assert tile * elt * c["num_stages"] <= gemm.SMEM_BUDGET
-            assert m > 16 or (c["BLOCK_M"] == 16)
-    gemv = gemm.SPACE.default({"M": 1, "N": 4096, "K": 4096, "dtype": "torch.bfloat16"})
-    assert gemv["SPLIT_K"] > 1 and gemv["BLOCK_M"] == 16
+            # M <= 4: the GEMV path holds every row (BLOCK_M = M rounded up); M <= 16:
+            # 16-row tensor-core tiles
+            if m <= gemm.GEMV_MAX_M:
+                assert c["BLOCK_M"] == triton.next_power_of_2(m)
+            elif m <= 16:
+                assert c["BLOCK_M"] == 16
+    k_proj = gemm.SPACE.default({"M": 1, "N": 1024, "K": 4096, "dtype": "torch.bfloat16"})
+    assert k_proj["SPLIT_K"] > 1 and k_proj["BLOCK_M"] == 1  # 64 column tiles: split K to fill
+    q_proj = gemm.SPACE.default({"M": 1, "N": 4096, "K": 4096, "dtype": "torch.bfloat16"})
+    assert q_proj["SPLIT_K"] == 1 and q_proj["BLOCK_M"] == 1  # 256 tiles already fill the GPU
+
+
+def _gemv(m, k, n, dtype, gated=False, **over):
+    cfg = _cfg(m, n, k, dtype, gated, **over)
+    problem = {"M": m, "N": n, "K": k, "dtype": str(dtype), "gated": int(gated)}
+    assert cfg["BLOCK_M"] < 16 and gemm.keep(cfg, problem), cfg  # the GEMV path, as asked
+    return cfg
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m, k, split, block_k", [(1, 512, 1, 128), (2, 520, 2, 128), (3, 1030, 4, 128),
+                                                  (4, 40, 1, 64), (1, 1030, 2, 256)])
+def test_gemv_every_op(dtype, m, k, split, block_k):
+    """The GEMV path (M <= 4): EVEN_K (512 / 128) and ragged K, split-K slices, all three ops,
+    N = 40 (wrapped W rows, masked stores); gemm_rmsnorm computes its row scales inline."""
+    n = 40
+    x, w = _xw(m, k, n, dtype)
+    b, r = _rand((n,), dtype, 3), _rand((m, n), dtype, 4)
+    cfg = _gemv(m, k, n, dtype, SPLIT_K=split, BLOCK_K=block_k)
+    assert_close(gemm.launch_gemm_epilogue(x, w, b, r, "silu", cfg), gemm.reference(x, w, b, r, "silu"))
+    assert_close(gemm.launch_gemm_epilogue(x, w, None, None, "none", cfg), gemm.reference(x, w, None, None, "none"))
+    x2, w_gu = _xw(m, k, 2 * n, dtype, seed=3)
+    cfg_g = _gemv(m, k, n, dtype, gated=True, SPLIT_K=split, BLOCK_K=block_k)
+    assert_close(gemm.launch_gemm_swiglu(x2, w_gu, "gelu", cfg_g), gemm.reference_swiglu(x2, w_gu, "gelu"))
+    g = _rand((k,), dtype, 5, 0.5)
+    for offset in (0.0, 1.0):
+        assert_close(gemm.launch_gemm_rmsnorm(x, g, w, 1e-6, offset, cfg),
+                     gemm.reference_rmsnorm(x, g, w, 1e-6, offset))
+
+
+def test_gemv_strided_x():
+    """x as a strided view (a row of a wider buffer, e.g. the last position of a prefill),
+    bf16."""
+    base = _rand((2, 3, 100), torch.bfloat16, 0, 2.0)
+    x = base[:, -1, 4:68]  # (2, 64), row stride 300
+    w = _rand((24, 64), torch.bfloat16, 1, 0.125)
+    cfg = _gemv(2, 64, 24, torch.bfloat16)
+    out = gemm.launch_gemm_epilogue(x, w, None, None, "none", cfg)
+    assert_close(out, gemm.reference(x, w, None, None, "none"))
+    assert not out.isnan().any()
 
 
 @pytest.mark.parametrize("name", ["gemm_epilogue", "gemm_swiglu", "gemm_rmsnorm"])

@@ -22,9 +22,17 @@ Rounding: fp32 until ONE cast to x.dtype at the end (eager rounds x·Wᵀ+b, the
 residual sum separately; the gap is within bf16 tolerance). gemm_rmsnorm rounds x·g to
 x.dtype before tl.dot (16-bit tensor-core operands), as HF rounds x̂ before its GEMM.
 
-Decode (M <= 16): BLOCK_M=16 tiles and SPLIT_K. Program (tile, s) reduces K-slice s into
-an fp32 partial (SPLIT_K, NACC, M, N); a second small kernel sums the partials in a fixed
-order and runs the epilogue. Chosen over fp32 atomics: deterministic, no memset launch,
+GEMV (M <= 4, BLOCK_M < 16): one batch-1..4 decode step reads every weight once, so the
+op is bound by W's bytes. `_gemv_kernel` skips tensor cores (tl.dot needs >= 16 rows):
+each program streams a (BLOCK_N, BLOCK_K) tile of W with K contiguous (16-byte loads,
+evict-first: W is read once per forward and must not push x out of L2), multiplies it by
+all M rows of x in fp32 and reduces along K. gemm_rmsnorm needs no pre-pass there: each
+program computes its rows' rsqrt(mean(x²)+eps) from x (M·K elements, L2-resident) — one
+launch fewer per norm site.
+
+Decode on tensor cores (4 < M <= 16): 16-row tiles and SPLIT_K. Program (tile, s) reduces
+K-slice s into an fp32 partial (SPLIT_K, NACC, M, N); a second small kernel sums the
+partials in a fixed order and runs the epilogue (the GEMV path splits K the same way). Chosen over fp32 atomics: deterministic, no memset launch,
 and the non-linear epilogue needs a second pass anyway; `keep` bounds the partial traffic
 (2·SPLIT_K·NACC·M·N·4 B) to 1/16 of the W bytes.
 
@@ -219,6 +227,71 @@ def _gemm_kernel(
 
 
 @triton.jit
+def _gemv_kernel(
+    X, W, G, B, R, Y, P,  # as in _gemm_kernel (G: norm weight (K,) if NORM)
+    M, N, K,  # M <= BLOCK_M: every program holds all rows of x
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_ym, stride_ps, stride_pu,
+    eps, weight_offset,  # NORM: y = (x·diag(g + weight_offset)·Wᵀ)·rsqrt(mean(x²) + eps)
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    NORM: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    """Program (n-tile, s): output columns [n·BN, +BN) of all M rows, K-slice s."""
+    rows = tl.arange(0, BLOCK_M)  # (BM,)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
+    row_ok = (rows < M)[:, None]  # (BM, 1)
+    k_span = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+    k_lo = tl.program_id(1) * k_span
+    k_hi = tl.minimum(k_lo + k_span, K)
+    x_rows = X + rows.to(tl.int64)[:, None] * stride_xm  # (BM, 1)
+    w_rows = W + (cols % N).to(tl.int64)[:, None] * stride_wn  # (BN, 1); wrapped: no mask
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = acc
+    for k in range(k_lo, k_hi, BLOCK_K):
+        kk = k + tl.arange(0, BLOCK_K)  # (BK,)
+        if EVEN_K:
+            a = tl.load(x_rows + kk[None, :] * stride_xk, mask=row_ok, other=0.0)  # (BM, BK)
+            b = tl.load(w_rows + kk[None, :] * stride_wk, eviction_policy="evict_first")  # (BN, BK)
+        else:
+            a = tl.load(x_rows + kk[None, :] * stride_xk, mask=row_ok & (kk < K)[None, :], other=0.0)
+            b = tl.load(w_rows + kk[None, :] * stride_wk, mask=(kk < K)[None, :], other=0.0,
+                        eviction_policy="evict_first")
+        a = a.to(tl.float32)
+        if NORM:
+            a = a * (tl.load(G + kk, mask=kk < K, other=0.0).to(tl.float32) + weight_offset)[None, :]
+        acc += tl.sum(a[:, None, :] * b.to(tl.float32)[None, :, :], axis=2)  # (BM, BN)
+        if GATED:  # the up half: W rows [N, 2N)
+            if EVEN_K:
+                bu = tl.load(w_rows + N * stride_wn + kk[None, :] * stride_wk, eviction_policy="evict_first")
+            else:
+                bu = tl.load(w_rows + N * stride_wn + kk[None, :] * stride_wk, mask=(kk < K)[None, :],
+                             other=0.0, eviction_policy="evict_first")
+            up += tl.sum(a[:, None, :] * bu.to(tl.float32)[None, :, :], axis=2)
+    if NORM:  # this program's rows' rsqrt(mean(x²) + eps) over all of K (x is tiny)
+        sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            kk = k + tl.arange(0, BLOCK_K)
+            v = tl.load(x_rows + kk[None, :] * stride_xk, mask=row_ok & (kk < K)[None, :],
+                        other=0.0).to(tl.float32)
+            sq += v * v
+        r = tl.rsqrt(tl.sum(sq, axis=1) / K + eps)[:, None]  # (BM, 1)
+        acc = acc * r  # linear in acc: a split-K partial may be scaled before the sum
+        up = up * r
+    mask = row_ok & (cols < N)[None, :]
+    if SPLIT_K == 1:
+        y = _epilogue(acc, up, rows, cols, M, N, B, R, R, stride_rm,
+                      ACT, HAS_BIAS, HAS_RESIDUAL, False, GATED)
+        tl.store(Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :],
+                 y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        p_ptrs = (P + tl.program_id(1).to(tl.int64) * stride_ps
+                  + rows.to(tl.int64)[:, None] * N + cols[None, :])  # (BM, BN)
+        tl.store(p_ptrs, acc, mask=mask)
+        if GATED:
+            tl.store(p_ptrs + stride_pu, up, mask=mask)
+
+
+@triton.jit
 def _splitk_epilogue_kernel(
     P,  # fp32 partials (SPLIT_K, NACC, M, N) contiguous
     B, R, RS, Y,  # as in _gemm_kernel
@@ -305,7 +378,65 @@ def _menu(problem: Problem) -> dict[str, tuple[int, ...]]:
     return menu
 
 
+GEMV_MAX_M = 4  # rows of x the GEMV path holds in one program (all of them)
+GEMV_PER_THREAD = (16, 64)  # fp32 products per thread per K-step (BM·BN·BK / threads): enough
+#                             bytes in flight per load, few enough registers for occupancy
+
+
+def _gemv_menu(problem: Problem) -> dict[str, tuple[int, ...]]:
+    """GEMV tiles: all M rows, 8-32 W rows by 128-512 K-elements (K itself when shorter),
+    4 warps; num_stages 1 (no software pipelining: bytes in flight come from many
+    resident programs) or 3."""
+    cap_k = max(32, _pow2(problem["K"]))
+    return {"BLOCK_M": (_pow2(problem["M"]),), "BLOCK_N": (8, 16, 32),
+            "BLOCK_K": tuple(v for v in (128, 256, 512) if v <= cap_k) or (cap_k,),
+            "GROUP_M": (8,), "num_warps": (4,), "num_stages": (1, 3), "SPLIT_K": (1, 2, 4)}
+
+
+def _gemv_split_ok(cfg: Config, problem: Problem) -> bool:
+    """Split K while there are too few programs (< 2·FILL_PROGRAMS before the last
+    doubling), each slice keeps >= 2 K-steps, and fp32 partials stay under 1/16 of W."""
+    s = cfg["SPLIT_K"]
+    if s == 1:
+        return True
+    m, k = problem["M"], problem["K"]
+    tiles = triton.cdiv(problem["N"], cfg["BLOCK_N"])
+    return (k >= 2 * s * cfg["BLOCK_K"] and 2 * s * m * 4 * 16 <= k * _elt(problem)
+            and tiles * s // 2 < 2 * FILL_PROGRAMS)
+
+
+def _keep_gemv(cfg: Config, problem: Problem) -> bool:
+    nacc = 1 + int(problem.get("gated", 0))
+    per_thread = nacc * cfg["BLOCK_M"] * cfg["BLOCK_N"] * cfg["BLOCK_K"] // (32 * cfg["num_warps"])
+    lo, hi = GEMV_PER_THREAD
+    small = problem["K"] < 512 or problem["N"] < 512  # tests' toy sizes: any tile that fits
+    return (problem["M"] <= GEMV_MAX_M
+            and all(cfg[axis] in values for axis, values in _gemv_menu(problem).items())
+            and (small or lo <= per_thread) and per_thread <= hi and _gemv_split_ok(cfg, problem))
+
+
+def _gemv_default(problem: Problem) -> Config:
+    """16 (8 for M > 2 or gated) W rows by 256 K per program, 4 warps; split K until
+    ~FILL_PROGRAMS programs (k_proj alone: 1024 rows -> 64 tiles, SPLIT_K 4)."""
+    m, nacc = problem["M"], 1 + int(problem.get("gated", 0))
+    bm = _pow2(m)
+    cfg = {"BLOCK_M": bm, "BLOCK_N": 16 if bm * nacc <= 2 else 8,
+           "BLOCK_K": max(_gemv_menu(problem)["BLOCK_K"][0], min(256, _pow2(problem["K"]))),
+           "GROUP_M": 8, "num_warps": 4, "num_stages": 1, "SPLIT_K": 1}
+    while cfg["BLOCK_K"] > 32 and not _keep_gemv(cfg, problem):
+        cfg["BLOCK_K"] //= 2
+    tiles = triton.cdiv(problem["N"], cfg["BLOCK_N"])
+    for split in (2, 4):
+        if tiles * cfg["SPLIT_K"] < FILL_PROGRAMS and _gemv_split_ok({**cfg, "SPLIT_K": split}, problem):
+            cfg["SPLIT_K"] = split
+    return cfg
+
+
 def keep(cfg: Config, problem: Problem) -> bool:
+    if cfg["BLOCK_M"] < 16:  # the GEMV path (tl.dot needs 16 rows)
+        return _keep_gemv(cfg, problem)
+    if problem["M"] <= GEMV_MAX_M:  # 16-row tensor-core tiles would be >= 75% padding
+        return False
     nacc = 1 + int(problem.get("gated", 0))
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     smem = (bm * bk + nacc * bn * bk) * _elt(problem) * cfg["num_stages"]
@@ -319,9 +450,12 @@ def keep(cfg: Config, problem: Problem) -> bool:
 
 
 def default(problem: Problem) -> Config:
-    """GEMV: 16x64 tiles, the deepest K, split until ~FILL_PROGRAMS programs; small M:
+    """M <= GEMV_MAX_M: the GEMV path; M <= 16: 16x64 tiles, the deepest K, split until
+    ~FILL_PROGRAMS programs; small M:
     tiles as tall as M (<= 64); large M: 128x128 (x64 when gated), 8 warps, 3 stages."""
     m, nacc = problem["M"], 1 + int(problem.get("gated", 0))
+    if m <= GEMV_MAX_M:
+        return _gemv_default(problem)
     menu = _menu(problem)
     cfg = {"BLOCK_M": 128, "BLOCK_N": 128 // nacc, "BLOCK_K": menu["BLOCK_K"][-1],
            "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "SPLIT_K": 1}
@@ -338,12 +472,12 @@ def default(problem: Problem) -> Config:
 
 SPACE = ConfigSpace(
     axes={
-        "BLOCK_M": (16, 32, 64, 128),
-        "BLOCK_N": (32, 64, 128, 256),
-        "BLOCK_K": (32, 64, 128),
+        "BLOCK_M": (1, 2, 4, 8, 16, 32, 64, 128),  # < 16: the GEMV path
+        "BLOCK_N": (8, 16, 32, 64, 128, 256),
+        "BLOCK_K": (32, 64, 128, 256, 512, 1024),
         "GROUP_M": (8,),
         "num_warps": (4, 8),
-        "num_stages": (2, 3, 4),
+        "num_stages": (1, 2, 3, 4),
         "SPLIT_K": (1, 2, 4, 8),
     },
     default=default,
@@ -384,6 +518,9 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
     problem = {"M": m, "N": n, "K": k, "dtype": str(x.dtype), "gated": int(gated)}
     cfg = SPACE.resolve(config, problem)
     r2 = as_rows(residual, n) if residual is not None else y  # (M, N), unit column stride
+    if cfg["BLOCK_M"] < 16:
+        return y.view(*x.shape[:-1], n), _run_gemv(x2, w, y, cfg, act=act, bias=bias, r2=r2,
+                                                    residual=residual, norm=norm, gated=gated)
     g, rs, offset = y, y, 0.0  # placeholders for pointers a flag leaves unused
     if norm is not None:
         g, eps, offset = norm[0].contiguous(), float(norm[1]), float(norm[2])
@@ -411,6 +548,30 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
             ROW_SCALE=norm is not None,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SPLIT_K=split, num_warps=4, **flags)
     return y.view(*x.shape[:-1], n), compiled
+
+
+def _run_gemv(x2, w, y, cfg: Config, *, act: int, bias, r2, residual, norm, gated: bool) -> Any:
+    """The GEMV path of `_run`: x2 (M, K) with M <= BLOCK_M, y (M, N) written in place."""
+    (m, k), n = x2.shape, y.shape[1]
+    g, eps, offset = (y, 0.0, 0.0) if norm is None else (norm[0].contiguous(), float(norm[1]), float(norm[2]))
+    b = bias.contiguous() if bias is not None else y
+    split = cfg["SPLIT_K"]
+    partials = (torch.empty((split, 1 + int(gated), m, n), dtype=torch.float32, device=x2.device)
+                if split > 1 else y)
+    p_strides = (partials.stride(0), m * n) if split > 1 else (0, 0)
+    flags = {"ACT": act, "HAS_BIAS": bias is not None, "HAS_RESIDUAL": residual is not None,
+             "GATED": gated}
+    compiled = _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), split)](
+        x2, w, g, b, r2, y, partials, m, n, k, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1),
+        r2.stride(0), y.stride(0), *p_strides, eps, offset, NORM=norm is not None,
+        EVEN_K=k % cfg["BLOCK_K"] == 0, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=cfg["BLOCK_K"], SPLIT_K=split, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **flags)
+    if split > 1:
+        _splitk_epilogue_kernel[(1, triton.cdiv(n, 128))](
+            partials, b, r2, y, y, m, n, r2.stride(0), y.stride(0), *p_strides, ROW_SCALE=False,
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=128, SPLIT_K=split, num_warps=4, **flags)
+    return compiled
 
 
 def _epilogue_call(x, w, bias, residual, activation, config):
