@@ -151,3 +151,21 @@ def test_linear_bias_act_folds_the_mlp_activation_into_the_gemm_epilogue():
     alone = apply(model, Plan(("bias_act",)))  # without it, the elementwise epilogue still applies
     _check_close(alone(**ids(4)), refs[4], torch.float32)
     assert {r["family"]: r for r in alone.summary()}["bias_act"]["applied"] == 2
+
+
+@pytest.mark.parametrize("path", ["examples/tiny_llama.py", "examples/llama_hf.py"])
+def test_linear_residual_folds_the_residual_add_into_the_projection(path):
+    """o_proj and down_proj each feed a residual add: h = r + x·Wᵀ runs as one gemm_epilogue
+    per site (2 per layer), also next to add+norm folded into the following projections
+    (the add+norm takes the norm; the add it leaves is the epilogue's)."""
+    mf = load_model_file(path)
+    model = build(mf, CPU, torch.float32)
+    refs = {t: call(model, inputs_for(mf, t, 2, CPU)) for t in (3, 9)}
+    for plan in (Plan(("linear_residual",)), Plan(("add_rms_norm_linear", "rms_norm_linear", "linear_residual"))):
+        fast = apply(model, plan)
+        for t, ref in refs.items():
+            _check_close(call(fast, inputs_for(mf, t, 2, CPU)), ref, torch.float32)
+        rows = {r["family"]: r for r in fast.summary()}
+        assert rows["linear_residual"]["applied"] == 4, rows  # 2 layers x (o_proj, down_proj)
+        assert rows["(all)"]["compiles"] == 1
+    assert rows["add_rms_norm_linear"]["applied"] > 0

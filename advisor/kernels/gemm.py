@@ -32,9 +32,10 @@ launch fewer per norm site.
 
 Decode on tensor cores (4 < M <= 16): 16-row tiles and SPLIT_K. Program (tile, s) reduces
 K-slice s into an fp32 partial (SPLIT_K, NACC, M, N); a second small kernel sums the
-partials in a fixed order and runs the epilogue (the GEMV path splits K the same way). Chosen over fp32 atomics: deterministic, no memset launch,
-and the non-linear epilogue needs a second pass anyway; `keep` bounds the partial traffic
-(2·SPLIT_K·NACC·M·N·4 B) to 1/16 of the W bytes.
+partials in a fixed order and runs the epilogue (the GEMV path splits K the same way).
+Chosen over fp32 atomics: deterministic, no memset launch, and the non-linear epilogue
+needs a second pass anyway; `keep` bounds the partial traffic (2·SPLIT_K·NACC·M·N·4 B) to
+1/16 of the W bytes.
 
 Example (CPU needs TRITON_INTERPRET=1; on CUDA it runs the compiled kernel)::
 

@@ -20,6 +20,7 @@ FAMILIES: dict[str, str] = {
     "gated_act": "gated_act",
     "bias_act": "bias_act",
     "linear_bias_act": "gemm_epilogue",
+    "linear_residual": "gemm_epilogue",
     "rope": "rope_qk",
     "rope_kv_cache": "rope_qk_cache",
     "attention_rope": "attention",

@@ -9,6 +9,8 @@
 | gated_act (SwiGLU, GeGLU)      | activation.py     | gated_act.py              |
 | linear_bias_act (bias + act in | linear.py         | gemm.py (gemm_epilogue)   |
 |   the projection's epilogue)   |                   |                           |
+| linear_residual (residual add  | linear.py         | gemm.py (gemm_epilogue)   |
+|   in the projection's epilogue)|                   |                           |
 | bias_act                       | activation.py     | bias_act.py               |
 | rope (q and k in one launch)   | rope.py           | rope.py                   |
 | qkv_merge, gate_up_merge, ...  | linear.py         | merged_linear.py (cuBLAS) |
@@ -46,6 +48,7 @@ def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
         *linear.find_swiglu_projections(gated, params),  # before gated_act: it subsumes it
         *gated,
         *linear.find_epilogues(gm, params),  # before bias_act: it subsumes it
+        *linear.find_residual_epilogues(gm, params),  # after add+norm: that add is the norm's
         *activation.find_bias_act(gm, params),
         *rope_writes,  # before rope: it subsumes the rotation
         *ropes,

@@ -6,7 +6,8 @@ that read the same activation with weights of the same K can run as one GEMM ove
 concatenated weights (Q/K/V, gate/up): one read of x and one launch instead of n.
 A norm whose output is read only by projections can be folded into their GEMM prologue;
 an activation that is a linear's only reader (GPT-style MLPs: gelu(x·Wᵀ + b)) into its
-epilogue, so the pre-activation never reaches memory.
+epilogue, so the pre-activation never reaches memory; likewise the residual add a
+projection feeds (o_proj, down_proj: h = r + x·Wᵀ).
 """
 
 from __future__ import annotations
@@ -178,4 +179,32 @@ def find_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
                     "out_shape": pre.args[1]}
         found.append(Match("linear_bias_act", "gemm_epilogue", module_path(node),
                            (lin.node.args[-1], lin.node, pre, *nodes), operands, {"y": node}))
+    return found
+
+
+def find_residual_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
+    """r + x·Wᵀ (+ b), the linear's output (through one view) read only by the add, r of the
+    add's own shape and dtype (no broadcast): attention's o_proj and the MLP's down_proj
+    writing into the residual stream. One GEMM that adds r in its epilogue
+    (kernels/gemm.py `gemm_epilogue`, r read as (M, N) rows); the result is viewed back
+    with the captured sizes. The add's other readers (the next add+norm) read the result."""
+    found = []
+    for node in gm.graph.nodes:
+        if not is_op(node, aten.add.Tensor) or node.kwargs or len(node.args) != 2:
+            continue
+        for side in (0, 1):
+            pre, r = node.args[side], node.args[1 - side]
+            if not (is_op(pre, aten.view.default, aten._unsafe_view.default) and len(pre.users) == 1
+                    and isinstance(pre.args[0], fx.Node) and isinstance(r, fx.Node)):
+                continue
+            lin = linear_at(pre.args[0], params)
+            ty, tr = fake(node), fake(r)
+            if (lin is None or len(lin.node.users) != 1 or ty is None or tr is None
+                    or tr.shape != ty.shape or tr.dtype != ty.dtype):
+                continue
+            operands = {"x": lin.x2d, "weight": lin.weight, "bias": lin.bias, "activation": "none",
+                        "residual": r, "out_shape": pre.args[1]}
+            found.append(Match("linear_residual", "gemm_epilogue", module_path(lin.node),
+                               (lin.node.args[-1], lin.node, pre, node), operands, {"y": node}))
+            break
     return found
