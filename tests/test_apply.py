@@ -153,12 +153,11 @@ def test_linear_bias_act_folds_the_mlp_activation_into_the_gemm_epilogue():
     assert {r["family"]: r for r in alone.summary()}["bias_act"]["applied"] == 2
 
 
-@pytest.mark.parametrize("path", ["examples/tiny_llama.py", "examples/llama_hf.py"])
-def test_linear_residual_folds_the_residual_add_into_the_projection(path):
+def test_linear_residual_folds_the_residual_add_into_the_projection():
     """o_proj and down_proj each feed a residual add: h = r + x·Wᵀ runs as one gemm_epilogue
     per site (2 per layer), also next to add+norm folded into the following projections
     (the add+norm takes the norm; the add it leaves is the epilogue's)."""
-    mf = load_model_file(path)
+    mf = load_model_file("examples/llama_hf.py")
     model = build(mf, CPU, torch.float32)
     refs = {t: call(model, inputs_for(mf, t, 2, CPU)) for t in (3, 9)}
     for plan in (Plan(("linear_residual",)), Plan(("add_rms_norm_linear", "rms_norm_linear", "linear_residual"))):
