@@ -62,6 +62,27 @@ def test_several_configs():
         assert_close(ba.launch_bias_act(x, bias, "silu", cfg), want)
 
 
+@pytest.mark.parametrize(
+    "rows, n, even", [(4, 1024, (True, True)), (5, 1024, (False, True)),
+                      (4, 1000, (True, False)), (5, 1000, (False, False))]
+)
+def test_even_and_ragged_tiles(rows, n, even):
+    """EVEN_M / EVEN_N pick the unmasked loads and stores per axis; every element is written
+    and nothing past the output (a poisoned tail of the same buffer) is touched."""
+    tile = {"BLOCK_M": 2, "BLOCK_N": 256, "num_warps": 1}
+    x, bias = _inputs((rows, n), torch.bfloat16, seed=6)
+    buf = nan_filled((rows + 3, n), torch.bfloat16, x.device)
+    out = buf[:rows]
+    _, meta, grid = ba._prepare(x, bias, out, "gelu_tanh", tile)
+    assert {k: meta[k] for k in tile} == tile  # the config was kept, not replaced
+    assert (meta["EVEN_M"], meta["EVEN_N"]) == even
+    assert len(grid) == 1  # flattened grid, column tiles first (see gated_act.tile_index)
+    ba.launch_bias_act(x, bias, "gelu_tanh", tile, out=out)
+    assert_close(out, ba.reference(x, bias, "gelu_tanh"))
+    assert torch.isnan(buf[rows:]).all()
+    assert torch.equal(ba.launch_bias_act(x, bias, "relu", tile), F.relu(x + bias))
+
+
 def test_custom_op_and_torch_compile():
     x, bias = _inputs((3, 1000), torch.bfloat16)
     cfg = encode(ba.SPACE.configs({"n_rows": 3, "n_cols": 1000})[0])

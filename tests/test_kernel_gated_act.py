@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from advisor.errors import KernelInputError
 from advisor.kernels import gated_act as ga
@@ -74,6 +76,64 @@ def test_several_configs(op):
             assert_close(ga.launch_gated_act(gate, up, "silu", cfg), want)
         else:
             assert_close(ga.launch_gated_act_merged(torch.cat([gate, up], -1), "silu", cfg), want)
+
+
+TILE = {"BLOCK_M": 2, "BLOCK_N": 256, "num_warps": 1}
+
+
+@pytest.mark.parametrize(
+    "rows, n, even", [(4, 1024, (True, True)), (5, 1024, (False, True)),
+                      (4, 1000, (True, False)), (5, 1000, (False, False))]
+)
+@pytest.mark.parametrize("op", ["plain", "merged"])
+def test_even_and_ragged_tiles(rows, n, even, op):
+    """EVEN_M / EVEN_N pick the unmasked loads and stores per axis; every element is written
+    and nothing past the output (a poisoned tail of the same buffer) is touched."""
+    gate, up = _pair((rows, n), torch.bfloat16, seed=4)
+    buf = nan_filled((rows + 3, n), torch.bfloat16, gate.device)
+    out = buf[:rows]
+    if op == "plain":
+        _, meta, grid = ga._prepare(gate, up, out, "silu", TILE)
+        ga.launch_gated_act(gate, up, "silu", TILE, out=out)
+    else:
+        gu = torch.cat([gate, up], -1)
+        _, meta, grid = ga._prepare(*ga._split_merged(gu), out, "silu", TILE)
+        ga.launch_gated_act_merged(gu, "silu", TILE, out=out)
+    assert {k: meta[k] for k in TILE} == TILE  # the config was kept, not replaced
+    assert (meta["EVEN_M"], meta["EVEN_N"]) == even
+    assert grid == (triton.cdiv(rows, 2) * triton.cdiv(n, 256),)
+    assert_close(out, ga.reference(gate, up, "silu"))
+    assert torch.isnan(buf[rows:]).all()
+
+
+@triton.jit
+def _pid_map_kernel(out_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows, cols = ga.tile_index(n_cols, BLOCK_M, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    pid = tl.zeros((BLOCK_M, BLOCK_N), tl.int32) + tl.program_id(0)
+    tl.store(out_ptr + rows[:, None] * n_cols + cols[None, :], pid, mask=mask)
+
+
+def test_grid_is_flat_and_column_tiles_come_first():
+    """One grid axis (axis 0 allows 2^31-1 programs; axes 1 and 2 stop at 65535), and
+    consecutive program ids walk a row's column tiles before the next row tile."""
+    cfg = {"BLOCK_M": 2, "BLOCK_N": 64}
+    rows, n = 5, 200  # 3 row tiles x 4 column tiles, both ragged
+    grid = ga.grid_of(cfg, rows, n)
+    assert grid == (12,)
+    pids = torch.full((rows, n), -1, dtype=torch.int32)
+    _pid_map_kernel[grid](pids, rows, n, **cfg)
+    r, c = torch.meshgrid(torch.arange(rows), torch.arange(n), indexing="ij")
+    assert torch.equal(pids, ((r // 2) * 4 + c // 64).int())
+    # a long prefill: far more than 65535 row tiles still fits the single axis
+    big = ga.grid_of({"BLOCK_M": 1, "BLOCK_N": 1024}, 1 << 20, 14336)
+    assert big == ((1 << 20) * 14,)
+    with pytest.raises(KernelInputError):
+        ga.grid_of({"BLOCK_M": 1, "BLOCK_N": 64}, 1 << 30, 4096)
+    # the launchers hand the kernel that grid and the EVEN flags
+    gate, up = _pair((4, 1024), torch.float32)
+    _, meta, grid = ga._prepare(gate, up, torch.empty_like(gate), "silu", None)
+    assert len(grid) == 1 and {"EVEN_M", "EVEN_N"} <= set(meta)
 
 
 @pytest.mark.parametrize(

@@ -37,8 +37,11 @@ from advisor.kernels.gated_act import (
     activation_ref,
     apply_activation,
     as_rows,
+    even_of,
     grid_of,
     out_buffer,
+    tile_index,
+    tile_mask,
 )
 from advisor.kernels.registry import KernelSpec, register
 from advisor.kernels.space import Problem, decode
@@ -78,19 +81,31 @@ def _bias_act_kernel(
     ACT: tl.constexpr,  # activation code, see gated_act.ACTIVATIONS
     BLOCK_M: tl.constexpr,  # rows per program (the bias slice is loaded once for all)
     BLOCK_N: tl.constexpr,  # columns per program
+    EVEN_M: tl.constexpr,  # n_rows % BLOCK_M == 0: no row bounds check
+    EVEN_N: tl.constexpr,  # n_cols % BLOCK_N == 0: no column bounds check
 ):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
-    col_mask = cols < n_cols
-    mask = (rows < n_rows)[:, None] & col_mask[None, :]  # (BM, BN)
+    rows, cols = tile_index(n_cols, BLOCK_M, BLOCK_N)  # 1-D grid, column tiles fastest
     rows64 = rows.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
-    b = tl.load(bias_ptr + cols, mask=col_mask, other=0.0)  # (BN,)
+    x_ptrs = x_ptr + rows64 * stride_x + cols[None, :]
+    o_ptrs = out_ptr + rows64 * stride_out + cols[None, :]
+    # x is read once (evict_first); the bias slice is shared by every row tile (default policy).
+    if EVEN_M and EVEN_N:
+        x = tl.load(x_ptrs, eviction_policy="evict_first")
+    else:
+        mask = tile_mask(rows, cols, n_rows, n_cols, EVEN_M, EVEN_N)
+        x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+    if EVEN_N:
+        b = tl.load(bias_ptr + cols)  # (BN,)
+    else:
+        b = tl.load(bias_ptr + cols, mask=cols < n_cols, other=0.0)
     # Round the sum to the input dtype first, as eager `x + b` does, then act in fp32.
     h = _round_like(x.to(tl.float32) + b.to(tl.float32)[None, :], x)  # (BM, BN) fp32
     y = apply_activation(h, ACT)
     out = y.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + rows64 * stride_out + cols[None, :], out, mask=mask)
+    if EVEN_M and EVEN_N:
+        tl.store(o_ptrs, out)
+    else:
+        tl.store(o_ptrs, out, mask=mask)
 
 
 def _check_inputs(x: torch.Tensor, bias: torch.Tensor, activation: str) -> None:
@@ -104,14 +119,15 @@ def _check_inputs(x: torch.Tensor, bias: torch.Tensor, activation: str) -> None:
 
 
 def _prepare(x: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, activation: str,
-             config: Mapping[str, int] | None) -> tuple[tuple, dict[str, int], tuple[int, int]]:
+             config: Mapping[str, int] | None) -> tuple[tuple, dict[str, int], tuple[int]]:
     """Kernel arguments, constexprs and grid; x (..., N) viewed as (rows, N)."""
     n_cols = x.shape[-1]
     x2, out2 = as_rows(x, n_cols), out.view(-1, n_cols)  # (rows, N)
     n_rows = x2.shape[0]
     cfg = SPACE.resolve(config, {"n_rows": n_rows, "n_cols": n_cols, "dtype": str(x.dtype)})
     args = (x2, bias.contiguous(), out2, n_rows, n_cols, x2.stride(0), out2.stride(0))
-    return args, {"ACT": activation_code(activation), **cfg}, grid_of(cfg, n_rows, n_cols)
+    meta = {"ACT": activation_code(activation), **cfg, **even_of(cfg, n_rows, n_cols)}
+    return args, meta, grid_of(cfg, n_rows, n_cols)
 
 
 def launch_bias_act(x: torch.Tensor, bias: torch.Tensor, activation: str,

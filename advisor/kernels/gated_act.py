@@ -13,7 +13,13 @@ strided views, so `torch.chunk` costs no copy.
 
 The activation math (`silu`, `gelu_erf`, `gelu_tanh`, `relu`, `apply_activation`) and its
 torch twin `activation_ref` live here once; `bias_act` imports them, and so does the shared
-2-D elementwise config space `SPACE`.
+2-D elementwise config space `SPACE` and tiling (`tile_index`, `tile_mask`, `grid_of`,
+`even_of`).
+
+Memory access follows Inductor's pointwise kernels: a flattened 1-D grid whose consecutive
+programs take consecutive column tiles of a row (neighbouring memory in flight together),
+loads and stores without masks when the tile divides the problem (EVEN_M, EVEN_N: every
+Llama width at the usual token counts), and `evict_first` on the inputs, which are read once.
 
 Example (CPU needs TRITON_INTERPRET=1; on CUDA it runs the compiled kernel)::
 
@@ -103,6 +109,38 @@ def apply_activation(x, ACT: tl.constexpr):
     return y
 
 
+# --- tile helpers (shared with bias_act) -------------------------------------------------
+
+
+@triton.jit
+def tile_index(n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row and column indices of this program's tile on a flattened 1-D grid.
+
+    Column tiles vary fastest (pid_n = pid % num_n), so programs launched together stream
+    neighbouring memory along a row, as Inductor's flattened pointwise kernels do; one grid
+    axis also has room for any row count (axes 1 and 2 stop at 65535 programs)."""
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(n_cols, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid - pid_m * num_n
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
+    return rows, cols
+
+
+@triton.jit
+def tile_mask(rows, cols, n_rows, n_cols, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr):
+    """Bounds mask broadcastable to (BM, BN), checking only the axes whose block does not
+    divide the problem. Callers skip masks altogether when EVEN_M and EVEN_N."""
+    if EVEN_M:
+        mask = (cols < n_cols)[None, :]  # (1, BN)
+    elif EVEN_N:
+        mask = (rows < n_rows)[:, None]  # (BM, 1)
+    else:
+        mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]  # (BM, BN)
+    return mask
+
+
 @triton.jit
 def _gated_act_kernel(
     gate_ptr,  # (n_rows, n_cols) rows `stride_gate` apart, last dim contiguous
@@ -116,17 +154,29 @@ def _gated_act_kernel(
     ACT: tl.constexpr,  # activation code, see ACTIVATIONS
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # columns per program
+    EVEN_M: tl.constexpr,  # n_rows % BLOCK_M == 0: no row bounds check
+    EVEN_N: tl.constexpr,  # n_cols % BLOCK_N == 0: no column bounds check
 ):
-    # Program (pid_m, pid_n) owns the tile rows [pid_m·BM, +BM) × cols [pid_n·BN, +BN).
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
-    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]  # (BM, BN)
+    # The program owns the tile rows [pid_m·BM, +BM) × cols [pid_n·BN, +BN), see tile_index.
+    rows, cols = tile_index(n_cols, BLOCK_M, BLOCK_N)
     rows64 = rows.to(tl.int64)[:, None]  # rows·stride can pass 2^31 at long prefills
-    g = tl.load(gate_ptr + rows64 * stride_gate + cols[None, :], mask=mask, other=0.0)
-    u = tl.load(up_ptr + rows64 * stride_up + cols[None, :], mask=mask, other=0.0)
+    g_ptrs = gate_ptr + rows64 * stride_gate + cols[None, :]
+    u_ptrs = up_ptr + rows64 * stride_up + cols[None, :]
+    o_ptrs = out_ptr + rows64 * stride_out + cols[None, :]
+    # gate and up are read exactly once: evict_first keeps them from crowding L2.
+    if EVEN_M and EVEN_N:
+        g = tl.load(g_ptrs, eviction_policy="evict_first")
+        u = tl.load(u_ptrs, eviction_policy="evict_first")
+    else:
+        mask = tile_mask(rows, cols, n_rows, n_cols, EVEN_M, EVEN_N)
+        g = tl.load(g_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+        u = tl.load(u_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
     y = apply_activation(g.to(tl.float32), ACT) * u.to(tl.float32)
     out = y.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + rows64 * stride_out + cols[None, :], out, mask=mask)
+    if EVEN_M and EVEN_N:
+        tl.store(o_ptrs, out)
+    else:
+        tl.store(o_ptrs, out, mask=mask)
 
 
 # --- config space: 2-D elementwise tiles (shared with bias_act) ---------------------------
@@ -198,8 +248,20 @@ def as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
     return rows if rows.stride(-1) == 1 or n_cols == 1 else rows.contiguous()
 
 
-def grid_of(cfg: Config, n_rows: int, n_cols: int) -> tuple[int, int]:
-    return triton.cdiv(n_rows, cfg["BLOCK_M"]), triton.cdiv(n_cols, cfg["BLOCK_N"])
+MAX_PROGRAMS = 2**31 - 1  # CUDA's limit on grid axis 0 (axes 1 and 2 stop at 65535)
+
+
+def grid_of(cfg: Config, n_rows: int, n_cols: int) -> tuple[int]:
+    """Flattened 1-D grid of (row tiles × column tiles) programs, decoded by `tile_index`."""
+    programs = triton.cdiv(n_rows, cfg["BLOCK_M"]) * triton.cdiv(n_cols, cfg["BLOCK_N"])
+    check(programs <= MAX_PROGRAMS, f"{programs} tiles of {cfg['BLOCK_M']}x{cfg['BLOCK_N']} "
+          f"exceed the grid limit {MAX_PROGRAMS}; pick a larger tile")
+    return (programs,)
+
+
+def even_of(cfg: Config, n_rows: int, n_cols: int) -> dict[str, bool]:
+    """EVEN_M / EVEN_N constexprs: which axes the tile divides (those load/store unmasked)."""
+    return {"EVEN_M": n_rows % cfg["BLOCK_M"] == 0, "EVEN_N": n_cols % cfg["BLOCK_N"] == 0}
 
 
 def _check_pair(gate: torch.Tensor, up: torch.Tensor) -> None:
@@ -222,12 +284,12 @@ def out_buffer(like: torch.Tensor, shape: tuple[int, ...],
 
 
 def _prepare(gate2: torch.Tensor, up2: torch.Tensor, out2: torch.Tensor, activation: str,
-             config: Mapping[str, int] | None) -> tuple[tuple, dict[str, int], tuple[int, int]]:
+             config: Mapping[str, int] | None) -> tuple[tuple, dict[str, int], tuple[int]]:
     """Kernel arguments, constexprs and grid for 2-D row views of gate, up, out."""
     n_rows, n_cols = gate2.shape
     cfg = SPACE.resolve(config, {"n_rows": n_rows, "n_cols": n_cols, "dtype": str(gate2.dtype)})
     args = (gate2, up2, out2, n_rows, n_cols, gate2.stride(0), up2.stride(0), out2.stride(0))
-    meta = {"ACT": activation_code(activation), **cfg}
+    meta = {"ACT": activation_code(activation), **cfg, **even_of(cfg, n_rows, n_cols)}
     return args, meta, grid_of(cfg, n_rows, n_cols)
 
 
