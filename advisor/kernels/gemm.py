@@ -389,7 +389,7 @@ def _gemv_menu(problem: Problem) -> dict[str, tuple[int, ...]]:
     4 warps; num_stages 1 (no software pipelining: bytes in flight come from many
     resident programs) or 3."""
     cap_k = max(32, _pow2(problem["K"]))
-    return {"BLOCK_M": (_pow2(problem["M"]),), "BLOCK_N": (8, 16, 32),
+    return {"BLOCK_M": (_pow2(problem["M"]),), "BLOCK_N": (8, 16, 32, 64),
             "BLOCK_K": tuple(v for v in (128, 256, 512) if v <= cap_k) or (cap_k,),
             "GROUP_M": (8,), "num_warps": (4,), "num_stages": (1, 3), "SPLIT_K": (1, 2, 4)}
 
@@ -409,11 +409,16 @@ def _gemv_split_ok(cfg: Config, problem: Problem) -> bool:
 def _keep_gemv(cfg: Config, problem: Problem) -> bool:
     nacc = 1 + int(problem.get("gated", 0))
     per_thread = nacc * cfg["BLOCK_M"] * cfg["BLOCK_N"] * cfg["BLOCK_K"] // (32 * cfg["num_warps"])
-    lo, hi = GEMV_PER_THREAD
-    small = problem["K"] < 512 or problem["N"] < 512  # tests' toy sizes: any tile that fits
+    lo, hi = (0, 4 * GEMV_PER_THREAD[1]) if _toy(problem) else GEMV_PER_THREAD
     return (problem["M"] <= GEMV_MAX_M
             and all(cfg[axis] in values for axis, values in _gemv_menu(problem).items())
-            and (small or lo <= per_thread) and per_thread <= hi and _gemv_split_ok(cfg, problem))
+            and lo <= per_thread <= hi and _gemv_split_ok(cfg, problem))
+
+
+def _toy(problem: Problem) -> bool:
+    """Sizes no real projection has (the CPU tests' models): a few programs with big tiles,
+    since the interpreter's cost is per program and the GPU's bandwidth does not matter."""
+    return problem["K"] < 512 or problem["N"] < 512
 
 
 def _gemv_default(problem: Problem) -> Config:
@@ -421,9 +426,14 @@ def _gemv_default(problem: Problem) -> Config:
     ~FILL_PROGRAMS programs (k_proj alone: 1024 rows -> 64 tiles, SPLIT_K 4)."""
     m, nacc = problem["M"], 1 + int(problem.get("gated", 0))
     bm = _pow2(m)
+    menu = _gemv_menu(problem)
     cfg = {"BLOCK_M": bm, "BLOCK_N": 16 if bm * nacc <= 2 else 8,
-           "BLOCK_K": max(_gemv_menu(problem)["BLOCK_K"][0], min(256, _pow2(problem["K"]))),
+           "BLOCK_K": max(menu["BLOCK_K"][0], min(256, _pow2(problem["K"]))),
            "GROUP_M": 8, "num_warps": 4, "num_stages": 1, "SPLIT_K": 1}
+    if _toy(problem):
+        cfg.update(BLOCK_N=min(64, max(8, _pow2(problem["N"]))), BLOCK_K=menu["BLOCK_K"][-1])
+        while cfg["BLOCK_N"] > 8 and not _keep_gemv(cfg, problem):
+            cfg["BLOCK_N"] //= 2
     while cfg["BLOCK_K"] > 32 and not _keep_gemv(cfg, problem):
         cfg["BLOCK_K"] //= 2
     tiles = triton.cdiv(problem["N"], cfg["BLOCK_N"])
