@@ -228,6 +228,17 @@ def _gemm_kernel(
 
 
 @triton.jit
+def _gemv_step(acc, a, b, ONE_ROW: tl.constexpr):
+    """acc += a·bᵀ for x rows a (BM, BK) fp32 and W rows b (BN, BK). ONE_ROW (M = 1): acc is
+    (BN, BK), multiplied elementwise and reduced once after the loop (no cross-thread
+    reduction per step); else acc is (BM, BN), reduced along K each step."""
+    if ONE_ROW:
+        return acc + b.to(tl.float32) * a
+    else:
+        return acc + tl.sum(a[:, None, :] * b.to(tl.float32)[None, :, :], axis=2)
+
+
+@triton.jit
 def _gemv_kernel(
     X, W, G, B, R, Y, P,  # as in _gemm_kernel (G: norm weight (K,) if NORM)
     M, N, K,  # M <= BLOCK_M: every program holds all rows of x
@@ -238,6 +249,7 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
     """Program (n-tile, s): output columns [n·BN, +BN) of all M rows, K-slice s."""
+    ONE_ROW: tl.constexpr = BLOCK_M == 1
     rows = tl.arange(0, BLOCK_M)  # (BM,)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
     row_ok = (rows < M)[:, None]  # (BM, 1)
@@ -246,7 +258,10 @@ def _gemv_kernel(
     k_hi = tl.minimum(k_lo + k_span, K)
     x_rows = X + rows.to(tl.int64)[:, None] * stride_xm  # (BM, 1)
     w_rows = W + (cols % N).to(tl.int64)[:, None] * stride_wn  # (BN, 1); wrapped: no mask
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if ONE_ROW:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = acc
     for k in range(k_lo, k_hi, BLOCK_K):
         kk = k + tl.arange(0, BLOCK_K)  # (BK,)
@@ -260,14 +275,17 @@ def _gemv_kernel(
         a = a.to(tl.float32)
         if NORM:
             a = a * (tl.load(G + kk, mask=kk < K, other=0.0).to(tl.float32) + weight_offset)[None, :]
-        acc += tl.sum(a[:, None, :] * b.to(tl.float32)[None, :, :], axis=2)  # (BM, BN)
+        acc = _gemv_step(acc, a, b, ONE_ROW)
         if GATED:  # the up half: W rows [N, 2N)
             if EVEN_K:
                 bu = tl.load(w_rows + N * stride_wn + kk[None, :] * stride_wk, eviction_policy="evict_first")
             else:
                 bu = tl.load(w_rows + N * stride_wn + kk[None, :] * stride_wk, mask=(kk < K)[None, :],
                              other=0.0, eviction_policy="evict_first")
-            up += tl.sum(a[:, None, :] * bu.to(tl.float32)[None, :, :], axis=2)
+            up = _gemv_step(up, a, bu, ONE_ROW)
+    if ONE_ROW:  # (BN, BK) -> (1, BN)
+        acc = tl.sum(acc, axis=1)[None, :]
+        up = tl.sum(up, axis=1)[None, :]
     if NORM:  # this program's rows' rsqrt(mean(x²) + eps) over all of K (x is tiny)
         sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
