@@ -439,24 +439,32 @@ def _toy(problem: Problem) -> bool:
     return problem["K"] < 512 or problem["N"] < 512
 
 
+GEMV_FILL = 512  # programs to aim for: ~4 per SM on the H200's 132
+
+
 def _gemv_default(problem: Problem) -> Config:
-    """16 (8 for M > 2 or gated) W rows by 256 K per program, 4 warps; split K until
-    ~FILL_PROGRAMS programs (k_proj alone: 1024 rows -> 64 tiles, SPLIT_K 4)."""
-    m, nacc = problem["M"], 1 + int(problem.get("gated", 0))
+    """From the H200 probe (benchmarks/results/h200-gemv-probe-2026-12-03.json, M = 1):
+    8192-element W tiles (32 rows x 256 K; 16 rows below N = 4096) split along K until
+    ~GEMV_FILL programs: o_proj 11.1 µs and down_proj 29.7 µs at 128 tiles x SPLIT_K 4,
+    where 16 x 256 unsplit took 15.0 / 46.0 µs. Gated (two accumulators): 8 x 256 tiles,
+    54.4 µs for gate/up + SwiGLU against 73.7 µs at 16 x 256. More rows of x shrink the
+    tile so the products per thread stay <= 64."""
+    m, n, gated = problem["M"], problem["N"], bool(problem.get("gated", 0))
     bm = _pow2(m)
     menu = _gemv_menu(problem)
-    cfg = {"BLOCK_M": bm, "BLOCK_N": 16 if bm * nacc <= 2 else 8,
+    rows = 8 if gated else max(8, (32 if n >= 4096 else 16) // bm)
+    cfg = {"BLOCK_M": bm, "BLOCK_N": rows,
            "BLOCK_K": max(menu["BLOCK_K"][0], min(256, _pow2(problem["K"]))),
            "GROUP_M": 8, "num_warps": 4, "num_stages": 1, "SPLIT_K": 1}
     if _toy(problem):
-        cfg.update(BLOCK_N=min(64, max(8, _pow2(problem["N"]))), BLOCK_K=menu["BLOCK_K"][-1])
+        cfg.update(BLOCK_N=min(64, max(8, _pow2(n))), BLOCK_K=menu["BLOCK_K"][-1])
         while cfg["BLOCK_N"] > 8 and not _keep_gemv(cfg, problem):
             cfg["BLOCK_N"] //= 2
     while cfg["BLOCK_K"] > 32 and not _keep_gemv(cfg, problem):
         cfg["BLOCK_K"] //= 2
-    tiles = triton.cdiv(problem["N"], cfg["BLOCK_N"])
+    tiles = triton.cdiv(n, cfg["BLOCK_N"])
     for split in (2, 4):
-        if tiles * cfg["SPLIT_K"] < FILL_PROGRAMS and _gemv_split_ok({**cfg, "SPLIT_K": split}, problem):
+        if tiles * cfg["SPLIT_K"] < GEMV_FILL and _gemv_split_ok({**cfg, "SPLIT_K": split}, problem):
             cfg["SPLIT_K"] = split
     return cfg
 
