@@ -9,7 +9,7 @@ from advisor.ablation import ablation_rows, leave_one_out
 from advisor.bench import run_bench, to_json
 from advisor.loader import load_model_file
 from advisor.report.html import render_html
-from advisor.report.html_candidates import graph_priced
+from advisor.report.html_candidates import graph_priced, small_kernel_us
 from advisor.runtime.plan import Plan
 from advisor.runtime.recipe import Recipe
 
@@ -60,8 +60,11 @@ def test_report_prefers_the_ablation_and_reprices_launches_under_graphs():
         {"shape": t, "removed": "add_rms_norm", "plan_ms": 1.45, "without_ms": 1.62, "measured_saving_ms": 0.17},
         {"shape": t, "removed": "cuda_graph", "plan_ms": 1.45, "without_ms": 6.0, "measured_saving_ms": 4.55}]}
     page = render_html(analyses=[analysis], bench=bench, title="t")
-    repriced = graph_priced(cand, analysis["ceilings"])
-    # 128 launches at ~0.94 µs + 2 MB at ~4.2 TB/s, far below the eager-priced 1.2 ms
-    assert repriced is not None and 0.1 < repriced < 0.2 < cand["predicted_saving_ms"]
+    per_kernel = small_kernel_us(shape)  # the profile's small kernels: 1.60 µs each
+    assert per_kernel is not None and 1.5 < per_kernel < 1.7
+    assert graph_priced(cand, analysis["ceilings"]) < graph_priced(cand, analysis["ceilings"], per_kernel)
+    repriced = graph_priced(cand, analysis["ceilings"], per_kernel)
+    # 128 launches at ~1.6 µs + 2 MB at ~4.2 TB/s, far below the eager-priced 1.2 ms
+    assert repriced is not None and 0.15 < repriced < 0.25 < cand["predicted_saving_ms"]
     assert "leave-one-out in the bench" in page and "0.170 ms" in page
     assert f"{0.17 - repriced:+.3f} ms" in page
