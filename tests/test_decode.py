@@ -85,3 +85,26 @@ def test_tune_decode_phase_writes_a_decode_recipe(tmp_path):
     recipe = load_recipe(out)
     assert recipe.model["phase"] == "decode" and recipe.buckets[0].max_len == 24
     assert recipe.buckets[0].measured["trials"] == 2
+
+
+def test_every_committed_recipe_loads_and_the_decode_deep_plan_matches_eager():
+    """recipes/ holds what the README and NOTES run on the H200: each must load, and the
+    decode plan with GEMV-path configs (configs tuned for Llama-3-8B widths fall back to the
+    defaults at tiny widths) must give eager's decode step on the transformers model."""
+    from pathlib import Path
+
+    from advisor.runtime.recipe import load_recipe
+
+    for path in sorted(Path("recipes").glob("*.json")):
+        assert load_recipe(path).buckets, path
+    _, model, x = _decode("examples/llama_hf.py", batch=1)
+    snap = Snapshot(x)
+    with torch.no_grad():
+        ref = first_tensor(call(model, x))
+        snap.restore()
+        fast = apply(model, load_recipe("recipes/decode-deep-gemv-cudagraph.plan.json"),
+                     length_of=lambda a, k: 12)
+        out = first_tensor(call(fast, x))
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    applied = {r["family"]: r.get("applied") for r in fast.summary()}
+    assert applied["linear_residual"] > 0 and applied["attention"] == 2 and applied["rope_kv_cache"] == 2
