@@ -403,7 +403,7 @@ GEMV_PER_THREAD = (16, 64)  # fp32 products per thread per K-step (BM·BN·BK / 
 
 
 def _gemv_menu(problem: Problem) -> dict[str, tuple[int, ...]]:
-    """GEMV tiles: all M rows, 8-32 W rows by 128-512 K-elements (K itself when shorter),
+    """GEMV tiles: all M rows, 8-64 W rows by 128-512 K-elements (K itself when shorter),
     4 warps; num_stages 1 (no software pipelining: bytes in flight come from many
     resident programs) or 3."""
     cap_k = max(32, _pow2(problem["K"]))
