@@ -30,8 +30,9 @@ from advisor.state import Snapshot  # noqa: E402
 from benchmarks.common import header, write  # noqa: E402
 
 
-def kernel_table(prof: Any, steps: int, top: int = 25) -> tuple[list[dict[str, Any]], float]:
-    """Device kernels grouped by name: count and µs per step, largest first; total µs/step."""
+def kernel_table(prof: Any, steps: int, top: int = 25) -> tuple[list[dict[str, Any]], float, float]:
+    """Device kernels grouped by name: count and µs per step, largest first; and over all
+    kernels, µs per step and kernels per step."""
     agg: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0:
@@ -41,7 +42,7 @@ def kernel_table(prof: Any, steps: int, top: int = 25) -> tuple[list[dict[str, A
     rows = [{"kernel": k[:120], "per_step": n / steps, "us_per_step": us / steps}
             for k, (n, us) in agg.items()]
     rows.sort(key=lambda r: -r["us_per_step"])
-    return rows[:top], sum(r[1] for r in agg.values()) / steps
+    return rows[:top], sum(r["us_per_step"] for r in rows), sum(r["per_step"] for r in rows)
 
 
 def _sync() -> None:
@@ -66,11 +67,8 @@ def profile_variant(model: Any, x: Any, state: Snapshot, steps: int, advance: An
             greedy(model, x, steps, advance, on_step=on_step)
             _sync()
         state.restore()
-    kernels, gpu_us = kernel_table(prof, steps)
-    return {"wall_ms_per_step": wall_ms, "gpu_us_per_step": gpu_us,
-            "kernels_per_step": sum(1 for e in prof.events()
-                                    if e.device_type == torch.autograd.DeviceType.CUDA
-                                    and e.device_time_total > 0) / steps,
+    kernels, gpu_us, launches = kernel_table(prof, steps)
+    return {"wall_ms_per_step": wall_ms, "gpu_us_per_step": gpu_us, "kernels_per_step": launches,
             "top_kernels": kernels}
 
 

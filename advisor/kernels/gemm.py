@@ -154,6 +154,26 @@ def _epilogue(acc, up, rows, cols, M, N, B, R, RS, stride_rm,
 
 
 @triton.jit
+def _finish(acc, up, rows, cols, M, N, B, R, RS, Y, P, stride_rm, stride_ym, stride_ps, stride_pu,
+            ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+            ROW_SCALE: tl.constexpr, GATED: tl.constexpr, SPLIT_K: tl.constexpr):
+    """A program's fp32 tile (BM, BN) at rows × cols: epilogue and store to Y, or (split K)
+    the raw partial(s) to P at this program's slice, for `_splitk_epilogue_kernel`."""
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    if SPLIT_K == 1:
+        y = _epilogue(acc, up, rows, cols, M, N, B, R, RS, stride_rm,
+                      ACT, HAS_BIAS, HAS_RESIDUAL, ROW_SCALE, GATED)
+        tl.store(Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :],
+                 y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        p_ptrs = (P + tl.program_id(1).to(tl.int64) * stride_ps
+                  + rows.to(tl.int64)[:, None] * N + cols[None, :])  # (BM, BN)
+        tl.store(p_ptrs, acc, mask=mask)
+        if GATED:
+            tl.store(p_ptrs + stride_pu, up, mask=mask)
+
+
+@triton.jit
 def _gemm_kernel(
     X, W, G,  # x (M, K) any strides; W (N_w, K) any strides; g = norm weight (K,) if PRE_SCALE
     B, R, RS,  # bias (N,); residual (M, N) rows stride_rm apart; row scales r (M,) fp32
@@ -213,18 +233,8 @@ def _gemm_kernel(
             up = tl.dot(a, bu, up, input_precision=PRECISION)
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    if SPLIT_K == 1:
-        y = _epilogue(acc, up, rows, cols, M, N, B, R, RS, stride_rm,
-                      ACT, HAS_BIAS, HAS_RESIDUAL, PRE_SCALE, GATED)
-        y_ptrs = Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :]
-        tl.store(y_ptrs, y.to(Y.dtype.element_ty), mask=mask)
-    else:
-        p_ptrs = (P + tl.program_id(1).to(tl.int64) * stride_ps
-                  + rows.to(tl.int64)[:, None] * N + cols[None, :])  # (BM, BN)
-        tl.store(p_ptrs, acc, mask=mask)
-        if GATED:
-            tl.store(p_ptrs + stride_pu, up, mask=mask)
+    _finish(acc, up, rows, cols, M, N, B, R, RS, Y, P, stride_rm, stride_ym, stride_ps, stride_pu,
+            ACT, HAS_BIAS, HAS_RESIDUAL, PRE_SCALE, GATED, SPLIT_K)
 
 
 @triton.jit
@@ -296,18 +306,8 @@ def _gemv_kernel(
         r = tl.rsqrt(tl.sum(sq, axis=1) / K + eps)[:, None]  # (BM, 1)
         acc = acc * r  # linear in acc: a split-K partial may be scaled before the sum
         up = up * r
-    mask = row_ok & (cols < N)[None, :]
-    if SPLIT_K == 1:
-        y = _epilogue(acc, up, rows, cols, M, N, B, R, R, stride_rm,
-                      ACT, HAS_BIAS, HAS_RESIDUAL, False, GATED)
-        tl.store(Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :],
-                 y.to(Y.dtype.element_ty), mask=mask)
-    else:
-        p_ptrs = (P + tl.program_id(1).to(tl.int64) * stride_ps
-                  + rows.to(tl.int64)[:, None] * N + cols[None, :])  # (BM, BN)
-        tl.store(p_ptrs, acc, mask=mask)
-        if GATED:
-            tl.store(p_ptrs + stride_pu, up, mask=mask)
+    _finish(acc, up, rows, cols, M, N, B, R, R, Y, P, stride_rm, stride_ym, stride_ps, stride_pu,
+            ACT, HAS_BIAS, HAS_RESIDUAL, False, GATED, SPLIT_K)
 
 
 @triton.jit
@@ -555,23 +555,23 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
     problem = {"M": m, "N": n, "K": k, "dtype": str(x.dtype), "gated": int(gated)}
     cfg = SPACE.resolve(config, problem)
     r2 = as_rows(residual, n) if residual is not None else y  # (M, N), unit column stride
+    b = bias.contiguous() if bias is not None else y  # y: placeholder a flag leaves unused
+    split = cfg["SPLIT_K"]
+    partials = (torch.empty((split, 1 + int(gated), m, n), dtype=torch.float32, device=x.device)
+                if split > 1 else y)
+    p_strides = (partials.stride(0), m * n) if split > 1 else (0, 0)
+    flags = {"ACT": act, "HAS_BIAS": bias is not None, "HAS_RESIDUAL": residual is not None,
+             "GATED": gated}
     if cfg["BLOCK_M"] < 16:
-        return y.view(*x.shape[:-1], n), _run_gemv(x2, w, y, cfg, act=act, bias=bias, r2=r2,
-                                                    residual=residual, norm=norm, gated=gated)
+        return y.view(*x.shape[:-1], n), _run_gemv(x2, w, b, r2, y, partials, p_strides, cfg, norm,
+                                                    flags)
     g, rs, offset = y, y, 0.0  # placeholders for pointers a flag leaves unused
     if norm is not None:
         g, eps, offset = norm[0].contiguous(), float(norm[1]), float(norm[2])
         rs = torch.empty(m, dtype=torch.float32, device=x.device)  # (M,) row scales
         _row_rstd_kernel[(m,)](x2, rs, k, x2.stride(0), x2.stride(1), eps,
                                BLOCK_K=min(4096, _pow2(k)), num_warps=4)
-    b = bias.contiguous() if bias is not None else y
-    split = cfg["SPLIT_K"]
-    partials = (torch.empty((split, 1 + int(gated), m, n), dtype=torch.float32, device=x.device)
-                if split > 1 else y)
-    p_strides = (partials.stride(0), m * n) if split > 1 else (0, 0)
     emulate = interpreting() and x.dtype == torch.bfloat16
-    flags = {"ACT": act, "HAS_BIAS": bias is not None, "HAS_RESIDUAL": residual is not None,
-             "GATED": gated}
     compiled = _gemm_kernel[(_tiles(cfg, problem), split)](
         x2, w, g, b, r2, rs, y, partials, m, n, k, x2.stride(0), x2.stride(1), w.stride(0),
         w.stride(1), r2.stride(0), y.stride(0), p_strides[0], p_strides[1], offset,
@@ -587,17 +587,11 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
     return y.view(*x.shape[:-1], n), compiled
 
 
-def _run_gemv(x2, w, y, cfg: Config, *, act: int, bias, r2, residual, norm, gated: bool) -> Any:
-    """The GEMV path of `_run`: x2 (M, K) with M <= BLOCK_M, y (M, N) written in place."""
-    (m, k), n = x2.shape, y.shape[1]
+def _run_gemv(x2, w, b, r2, y, partials, p_strides, cfg: Config, norm, flags: dict[str, Any]) -> Any:
+    """The GEMV path of `_run` (its buffers and flags): x2 (M, K) with M <= BLOCK_M, y (M, N)
+    written in place; the norm's row scales are computed inside the kernel."""
+    (m, k), n, split = x2.shape, y.shape[1], cfg["SPLIT_K"]
     g, eps, offset = (y, 0.0, 0.0) if norm is None else (norm[0].contiguous(), float(norm[1]), float(norm[2]))
-    b = bias.contiguous() if bias is not None else y
-    split = cfg["SPLIT_K"]
-    partials = (torch.empty((split, 1 + int(gated), m, n), dtype=torch.float32, device=x2.device)
-                if split > 1 else y)
-    p_strides = (partials.stride(0), m * n) if split > 1 else (0, 0)
-    flags = {"ACT": act, "HAS_BIAS": bias is not None, "HAS_RESIDUAL": residual is not None,
-             "GATED": gated}
     compiled = _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), split)](
         x2, w, g, b, r2, y, partials, m, n, k, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1),
         r2.stride(0), y.stride(0), *p_strides, eps, offset, NORM=norm is not None,

@@ -158,6 +158,16 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
     return found
 
 
+def _sole_viewed_linear(pre: Any, params: dict[str, str]) -> Linear | None:
+    """The linear whose (M, N) output `pre` views back to the input's leading dims, where
+    that view is the linear's only reader and has a single reader itself (the epilogue)."""
+    if not (is_op(pre, aten.view.default, aten._unsafe_view.default) and len(pre.users) == 1
+            and isinstance(pre.args[0], fx.Node)):
+        return None
+    lin = linear_at(pre.args[0], params)
+    return lin if lin is not None and len(lin.node.users) == 1 else None
+
+
 def find_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
     """act(x·Wᵀ + b) with the activation the linear's only reader, through the one `view`
     back to the input's leading dims: one GEMM with the bias and activation in its epilogue
@@ -170,10 +180,8 @@ def find_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
         if act is None or len(act[2]) != 1:  # hand-written silu reads its input twice
             continue
         name, pre, nodes = act
-        if not is_op(pre, aten.view.default, aten._unsafe_view.default) or len(pre.users) != 1:
-            continue
-        lin = linear_at(pre.args[0], params) if isinstance(pre.args[0], fx.Node) else None
-        if lin is None or lin.bias is None or len(lin.node.users) != 1:
+        lin = _sole_viewed_linear(pre, params)
+        if lin is None or lin.bias is None:
             continue
         operands = {"x": lin.x2d, "weight": lin.weight, "bias": lin.bias, "activation": name,
                     "out_shape": pre.args[1]}
@@ -194,13 +202,9 @@ def find_residual_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[
             continue
         for side in (0, 1):
             pre, r = node.args[side], node.args[1 - side]
-            if not (is_op(pre, aten.view.default, aten._unsafe_view.default) and len(pre.users) == 1
-                    and isinstance(pre.args[0], fx.Node) and isinstance(r, fx.Node)):
-                continue
-            lin = linear_at(pre.args[0], params)
-            ty, tr = fake(node), fake(r)
-            if (lin is None or len(lin.node.users) != 1 or ty is None or tr is None
-                    or tr.shape != ty.shape or tr.dtype != ty.dtype):
+            lin = _sole_viewed_linear(pre, params)
+            ty, tr = fake(node), fake(r) if isinstance(r, fx.Node) else None
+            if lin is None or ty is None or tr is None or tr.shape != ty.shape or tr.dtype != ty.dtype:
                 continue
             operands = {"x": lin.x2d, "weight": lin.weight, "bias": lin.bias, "activation": "none",
                         "residual": r, "out_shape": pre.args[1]}
