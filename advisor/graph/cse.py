@@ -1,0 +1,162 @@
+"""Common-subexpression elimination on a rewritten aten graph.
+
+A `transformers` decoder recomputes per layer what is the same for every layer: at decode,
+each attention layer turns the one boolean causal mask into an additive one
+(`where(mask, 0.0, -inf)` plus two `scalar_tensor` fills) and adds `arange(1)` to the
+cache position. Captured as aten ops, that is ~5 launches per layer for values computed
+once — at a 2048-token context on the H200 about 50 µs of a 1.5 ms decode step
+(benchmarks/NOTES.md, session 6). Inductor removes them with its own CSE; our runtime runs
+the aten graph as it is, so this pass does it: an op with the same target, arguments and
+keyword arguments as an earlier one is replaced by it.
+
+Only ops whose schema says they are functional are merged: no argument written, not
+random (`nondeterministic_seeded`). Mutations are honoured: an in-place op (or a custom op
+that writes an argument, like `rope_qk_cache` writing the KV cache) invalidates every
+recorded op that read the storage it writes, and a value whose storage is written anywhere
+in the graph is never merged (two `empty`s later filled differently stay two). A call the
+pass cannot see into (not an aten/custom `OpOverload`, nor `getitem`) ends every record.
+Graph outputs are left alone, so a caller never gets one tensor for two outputs.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import torch
+from torch import fx
+
+_PURE_CALLABLES = {operator.getitem}
+
+
+def _is_overload(node: fx.Node) -> bool:
+    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+
+
+def _arg_values(node: fx.Node) -> list[tuple[Any, Any]]:
+    """(schema argument, value passed) for every schema argument given to an OpOverload."""
+    out = []
+    for i, arg in enumerate(node.target._schema.arguments):
+        if i < len(node.args):
+            out.append((arg, node.args[i]))
+        elif arg.name in node.kwargs:
+            out.append((arg, node.kwargs[arg.name]))
+    return out
+
+
+def _nodes_in(value: Any) -> list[fx.Node]:
+    if isinstance(value, fx.Node):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in _nodes_in(v)]
+    return []
+
+
+def _written(node: fx.Node) -> list[fx.Node] | None:
+    """The nodes whose storage `node` writes; None when unknown (anything may be written)."""
+    if node.op in ("placeholder", "output", "get_attr"):
+        return []
+    if node.op == "call_function" and node.target in _PURE_CALLABLES:
+        return []
+    if not _is_overload(node):
+        return None
+    return [n for arg, v in _arg_values(node)
+            if arg.alias_info is not None and arg.alias_info.is_write for n in _nodes_in(v)]
+
+
+def _base_map(graph: fx.Graph) -> dict[fx.Node, fx.Node]:
+    """Each node -> the node owning the storage it aliases (itself unless it is a view:
+    a schema return that aliases an argument, or `getitem` of such a result)."""
+    base: dict[fx.Node, fx.Node] = {}
+    for node in graph.nodes:
+        base[node] = node
+        if node.op == "call_function" and node.target is operator.getitem:
+            src = node.args[0]
+            if isinstance(src, fx.Node) and _aliases_input(src):
+                base[node] = base.get(src, src)
+        elif _aliases_input(node):
+            first = node.args[0] if node.args else None
+            if isinstance(first, fx.Node):
+                base[node] = base.get(first, first)
+    return base
+
+
+def _aliases_input(node: fx.Node) -> bool:
+    if not _is_overload(node):
+        return False
+    returns = node.target._schema.returns
+    return any(r.alias_info is not None for r in returns)
+
+
+def _is_pure(node: fx.Node) -> bool:
+    if node.op == "call_function" and node.target in _PURE_CALLABLES:
+        return True
+    if not _is_overload(node):
+        return False
+    target = node.target
+    if torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable:
+        return False
+    return not any(arg.alias_info is not None and arg.alias_info.is_write
+                   for arg in target._schema.arguments)
+
+
+def _key(value: Any) -> Any:
+    """A hashable stand-in for an argument; floats by their bits (0.0 ≠ -0.0, NaN = NaN)."""
+    if isinstance(value, fx.Node):
+        return ("node", id(value))
+    if isinstance(value, float):
+        return ("float", math.copysign(1.0, value), repr(value))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((k, _key(v)) for k, v in value.items())))
+    if isinstance(value, (bool, int, str, type(None), torch.dtype, torch.device, torch.layout,
+                          torch.memory_format)):
+        return (type(value).__name__, value)
+    raise TypeError  # unhashable or unknown argument: not merged
+
+
+def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
+    """Merge repeated functional ops in `gm` (in place); returns how many nodes were
+    removed. Recompiles `gm` when it changed."""
+    graph = gm.graph
+    base = _base_map(graph)
+    ever_written: set[fx.Node] = set()
+    for node in graph.nodes:
+        for w in _written(node) or []:
+            ever_written.add(base.get(w, w))
+    output = next(n for n in graph.nodes if n.op == "output")
+    seen: dict[Any, fx.Node] = {}
+    reads: dict[Any, set[fx.Node]] = {}  # key -> storages its inputs alias
+    removed = 0
+    for node in list(graph.nodes):
+        written = _written(node)
+        if written is None:  # opaque: forget everything
+            seen.clear()
+            reads.clear()
+            continue
+        if written:
+            hit = {base.get(w, w) for w in written}
+            for key in [k for k, r in reads.items() if r & hit]:
+                del seen[key], reads[key]
+            continue
+        if not _is_pure(node) or output in node.users or base[node] in ever_written:
+            continue
+        try:
+            key = (node.target, _key(node.args), _key(dict(node.kwargs)))
+        except TypeError:
+            continue
+        earlier = seen.get(key)
+        if earlier is not None:
+            node.replace_all_uses_with(earlier)
+            graph.erase_node(node)
+            removed += 1
+            continue
+        seen[key] = node
+        reads[key] = {base.get(n, n) for n in _nodes_in(list(node.args) + list(node.kwargs.values()))}
+        reads[key].add(base[node])
+    if removed:
+        graph.lint()
+        gm.recompile()
+    return removed

@@ -1,0 +1,77 @@
+"""graph/cse.py: repeated functional ops merge; mutations, randomness and outputs are honoured."""
+
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from advisor.graph.cse import eliminate_common_subexpressions
+
+aten = torch.ops.aten
+
+
+def _count(gm, op) -> int:
+    return sum(n.op == "call_function" and n.target is op for n in gm.graph.nodes)
+
+
+def _run(fn, *args):
+    gm = make_fx(fn)(*args)
+    expected = fn(*[a.clone() for a in args])
+    removed = eliminate_common_subexpressions(gm)
+    got = gm(*[a.clone() for a in args])
+    return gm, removed, expected, got
+
+
+def test_per_layer_copies_of_one_mask_merge_into_one():
+    def layers(mask, q):  # each "layer" turns the same bool mask into an additive one
+        out = q
+        for _ in range(3):
+            add = torch.where(mask, torch.scalar_tensor(0.0), torch.scalar_tensor(float("-inf")))
+            out = out + add.softmax(-1)
+        return out
+
+    mask = torch.rand(4, 8) > 0.3
+    mask[:, 0] = True
+    gm, removed, expected, got = _run(layers, mask, torch.randn(4, 8))
+    assert removed >= 2 and _count(gm, aten.where.self) == 1
+    torch.testing.assert_close(got, expected)
+
+
+def test_a_write_between_two_reads_keeps_both():
+    def f(cache, x):
+        a = cache.sum()
+        cache.add_(x)  # in place: the second sum reads new values
+        b = cache.sum()
+        return a * 1.0, b * 1.0
+
+    gm, removed, expected, got = _run(f, torch.randn(5), torch.randn(5))
+    assert _count(gm, aten.sum.default) == 2
+    torch.testing.assert_close(got, expected)
+
+
+def test_signed_zero_random_ops_and_outputs_are_not_merged():
+    def f(x):
+        a = torch.full_like(x, 0.0)
+        b = torch.full_like(x, -0.0)  # 1/b differs from 1/a
+        r1, r2 = torch.rand_like(x), torch.rand_like(x)
+        return 1 / a, 1 / b, r1, r2, x * 2, x * 2
+
+    x = torch.zeros(3)
+    gm = make_fx(f)(x)
+    eliminate_common_subexpressions(gm)
+    one_a, one_b, r1, r2, o1, o2 = gm(x)
+    assert torch.all(one_a == float("inf")) and torch.all(one_b == float("-inf"))
+    assert _count(gm, aten.rand_like.default) == 2
+    assert o1 is not o2  # two outputs stay two tensors
+
+
+def test_storage_written_later_is_never_shared():
+    def f(x):
+        a = torch.zeros(3)
+        b = torch.zeros(3)
+        a.add_(x)
+        b.sub_(x)
+        return a + 0, b + 0
+
+    gm, removed, expected, got = _run(f, torch.randn(3))
+    torch.testing.assert_close(got, expected)
