@@ -35,6 +35,7 @@ SITES = {
     "gate_up+swiglu": ("gemm_swiglu", {"K": 4096, "N": 14336}),
     "norm+qkv": ("gemm_rmsnorm", {"K": 4096, "N": 6144}),
     "norm+lm_head": ("gemm_rmsnorm", {"K": 4096, "N": 128256}),
+    "norm+gate_up+swiglu": ("rmsnorm_swiglu", {"K": 4096, "N": 14336}),
 }
 
 

@@ -102,9 +102,15 @@ def test_every_committed_recipe_loads_and_the_decode_deep_plan_matches_eager():
     with torch.no_grad():
         ref = first_tensor(call(model, x))
         snap.restore()
-        fast = apply(model, load_recipe("recipes/decode-deep-gemv-cudagraph.plan.json"),
+        fast = apply(model, load_recipe("recipes/decode-fused-cudagraph.plan.json"),
                      length_of=lambda a, k: 12)
         out = first_tensor(call(fast, x))
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
-    applied = {r["family"]: r.get("applied") for r in fast.summary()}
+    rows = fast.summary()
+    applied = {r["family"]: r.get("applied") for r in rows}
     assert applied["linear_residual"] > 0 and applied["attention"] == 2 and applied["rope_kv_cache"] == 2
+    # per layer: norm+gate/up+SwiGLU in one GEMM; the final norm reaches lm_head through
+    # the `alias` of a full-range slice; the layers' copies of the additive mask merge
+    assert applied["rms_norm_swiglu"] + applied["add_rms_norm_swiglu"] == 2
+    assert applied["add_rms_norm_linear"] == 2  # layer 1's QKV and lm_head
+    assert rows[-1]["repeats_merged"] > 0

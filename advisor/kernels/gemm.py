@@ -104,6 +104,21 @@ def unfused_swiglu(x, w_gu, activation: str) -> torch.Tensor:
     return activation_ref(activation, F.linear(x, w_gu[:n])) * F.linear(x, w_gu[n:])
 
 
+def unfused_rmsnorm_swiglu(x, norm_w, w_gu, eps: float, weight_offset: float,
+                           activation: str) -> torch.Tensor:
+    """HF-style RMSNorm, then two GEMMs, the activation and the product, in x's dtype."""
+    h = x.float()
+    h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return unfused_swiglu(h * (norm_w + weight_offset).to(x.dtype), w_gu, activation)
+
+
+def reference_rmsnorm_swiglu(x, norm_w, w_gu, eps: float, weight_offset: float,
+                             activation: str) -> torch.Tensor:
+    """act(n·W_gᵀ)·(n·W_uᵀ) for n = rms_norm(x) kept in fp32, cast once to x.dtype."""
+    normed = rms_norm_reference(x.float(), norm_w, eps, weight_offset)  # (..., K) fp32
+    return reference_swiglu(normed, w_gu.float(), activation).to(x.dtype)
+
+
 def unfused_rmsnorm(x, norm_w, w, eps: float, weight_offset: float) -> torch.Tensor:
     """HF-style RMSNorm (fp32 inside, rounded to x's dtype), then the GEMM in x's dtype."""
     h = x.float()
@@ -138,7 +153,10 @@ def _epilogue(acc, up, rows, cols, M, N, B, R, RS, stride_rm,
               ROW_SCALE: tl.constexpr, GATED: tl.constexpr):
     """fp32 tile acc = x·Wᵀ (up = x·W_uᵀ if GATED), rows (BM,), cols (BN,) -> fp32 result."""
     if ROW_SCALE:  # gemm_rmsnorm: r = rsqrt(mean(x²)+eps) per row
-        acc = acc * tl.load(RS + rows, mask=rows < M, other=0.0)[:, None]
+        r = tl.load(RS + rows, mask=rows < M, other=0.0)[:, None]
+        acc = acc * r
+        if GATED:  # rmsnorm_swiglu: both halves read the normalised x
+            up = up * r
     if HAS_BIAS:
         acc = acc + tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     if ACT >= 0:
@@ -631,6 +649,15 @@ def _rmsnorm_call(x, norm_w, w, eps, weight_offset, config):
     return _run(x, w, w.shape[0], norm=(norm_w, eps, weight_offset), config=config)
 
 
+def _rmsnorm_swiglu_call(x, norm_w, w_gu, eps, weight_offset, activation, config):
+    _check_x_w(x, w_gu)
+    _check_like("norm_w", norm_w, (x.shape[-1],), x, same_dtype=False)
+    check(w_gu.shape[0] % 2 == 0, f"w_gu rows {w_gu.shape[0]}: not [gate; up] (even)")
+    check(activation in ACTIVATIONS, f"activation {activation!r} not in {list(ACTIVATIONS)}")
+    return _run(x, w_gu, w_gu.shape[0] // 2, act=ACTIVATIONS[activation], gated=True,
+                norm=(norm_w, eps, weight_offset), config=config)
+
+
 def launch_gemm_epilogue(x, w, bias=None, residual=None, activation: str = "none",
                          config: Mapping[str, int] | None = None) -> torch.Tensor:
     """act(x·Wᵀ + b) (+ residual): x (..., K), w (N, K), bias (N,), residual (..., N)."""
@@ -649,6 +676,13 @@ def launch_gemm_rmsnorm(x, norm_w, w, eps: float, weight_offset: float = 0.0,
     return _rmsnorm_call(x, norm_w, w, eps, weight_offset, config)[0]
 
 
+def launch_gemm_rmsnorm_swiglu(x, norm_w, w_gu, eps: float, weight_offset: float = 0.0,
+                               activation: str = "silu",
+                               config: Mapping[str, int] | None = None) -> torch.Tensor:
+    """act(n·W_gᵀ)·(n·W_uᵀ), n = rms_norm(x): x (..., K), norm_w (K,), w_gu (2N, K) -> (..., N)."""
+    return _rmsnorm_swiglu_call(x, norm_w, w_gu, eps, weight_offset, activation, config)[0]
+
+
 def _n_spills(compiled: Any) -> int | None:
     report = None if interpreting() else resources(compiled)
     return None if report is None else report.n_spills
@@ -665,6 +699,10 @@ def spills_gemm_swiglu(x, w_gu, activation="silu", config=None):
 
 def spills_gemm_rmsnorm(x, norm_w, w, eps, weight_offset=0.0, config=None):
     return _n_spills(_rmsnorm_call(x, norm_w, w, eps, weight_offset, config)[1])
+
+
+def spills_gemm_rmsnorm_swiglu(x, norm_w, w_gu, eps, weight_offset=0.0, activation="silu", config=None):
+    return _n_spills(_rmsnorm_swiglu_call(x, norm_w, w_gu, eps, weight_offset, activation, config)[1])
 
 
 # ----------------------------------------------------------------------------- custom ops

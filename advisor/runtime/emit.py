@@ -29,6 +29,7 @@ KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "linear_swiglu": (("x", "weights", "activation"), ("y",)),
     "attention": (("q", "k", "v", "cos", "sin", "mask", "causal", "scale", "interleaved"), ("y",)),
     "rmsnorm_linear": (("x", "weight", "weights", "eps", "weight_offset"), ("y",)),  # own emitter
+    "rmsnorm_swiglu": (("x", "weight", "weights", "eps", "weight_offset", "activation"), ("y",)),
 }
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 # family -> registry kernel id (advisor/kernels/registry.py) used when the family is on.
 FAMILIES: dict[str, str] = {
+    "rms_norm_swiglu": "rmsnorm_swiglu",
+    "add_rms_norm_swiglu": "rmsnorm_swiglu",
     "rms_norm_linear": "rmsnorm_linear",
     "add_rms_norm_linear": "rmsnorm_linear",
     "rms_norm": "rms_norm",

@@ -17,6 +17,9 @@
 | rms_norm_linear,               | linear.py         | rmsnorm_linear.py (gemm)  |
 |   add_rms_norm_linear (norm as |                   | (LayerNorm: analysis only)|
 |   the projections' prologue)   |                   |                           |
+| rms_norm_swiglu,               | linear.py         | rmsnorm_swiglu.py (gemm)  |
+|   add_rms_norm_swiglu (norm    |                   |                           |
+|   prologue + SwiGLU epilogue)  |                   |                           |
 | attention_rope, attention      | attention.py      | attention.py              |
 |   (SDPA, RoPE folded in)       |                   |                           |
 | rope_kv_cache (RoPE + in-place | cache.py          | rope.py (rope_qk_cache)   |
@@ -41,11 +44,14 @@ def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
     # matches a site (a norm folded into its projections beats the norm alone, etc.).
     fusable_attention = attention.find_fusable(gm, ropes)
     rope_writes = cache.find(gm, ropes)
+    norm_projections = linear.find_norm_projections(norms, gm, params)
+    swiglu_projections = linear.find_swiglu_projections(gated, params)
     matches = [
         *[m for m in fusable_attention if m.family == "attention_rope"],  # RoPE folded in
-        *linear.find_norm_projections(norms, gm, params),
+        *linear.find_norm_swiglus(norm_projections, swiglu_projections),  # subsumes both
+        *norm_projections,
         *norms,
-        *linear.find_swiglu_projections(gated, params),  # before gated_act: it subsumes it
+        *swiglu_projections,  # before gated_act: it subsumes it
         *gated,
         *linear.find_epilogues(gm, params),  # before bias_act: it subsumes it
         *linear.find_residual_epilogues(gm, params),  # after add+norm: that add is the norm's

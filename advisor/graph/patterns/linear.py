@@ -138,10 +138,11 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
     for m in norms:
         y = m.outputs["y"]
         readers = by_x.get(y, [])
-        view_users = [u for u in y.users if all(lin.x2d is not u for lin in readers)]
-        if not readers or view_users:
+        between = _views_to(y, {lin.x2d for lin in readers})
+        if not readers or between is None:
             continue
-        nodes = (*m.nodes, *(n for lin in readers for n in (lin.x2d, lin.node.args[-1], lin.node)))
+        nodes = (*m.nodes, *between,
+                 *(n for lin in readers for n in (lin.x2d, lin.node.args[-1], lin.node)))
         operands = {**m.operands, "weights": [lin.weight for lin in readers]}
         outputs = {f"out{i}": lin.node for i, lin in enumerate(readers)}
         kernel = None
@@ -156,6 +157,42 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
             operands["x"] = add
         found.append(Match(f"{m.family}_linear", kernel, m.module, nodes, operands, outputs))
     return found
+
+
+def find_norm_swiglus(norm_projections: list[Match], swiglus: list[Match]) -> list[Match]:
+    """RMSNorm → gate and up projections → act(gate)·up: a norm-projection site whose two
+    linears are exactly a gate_up_swiglu site's — one GEMM with the norm in its prologue
+    and SwiGLU in its epilogue (kernels/rmsnorm_swiglu.py)."""
+    found = []
+    for np_ in norm_projections:
+        linears = list(np_.outputs.values())
+        if np_.kernel != "rmsnorm_linear" or len(linears) != 2:
+            continue
+        for sw in swiglus:
+            if not all(lin in sw.nodes for lin in linears):
+                continue
+            operands = {**np_.operands, "weights": list(sw.operands["weights"]),  # [gate, up]
+                        "activation": sw.operands["activation"]}
+            found.append(Match(np_.family.replace("_linear", "_swiglu"), "rmsnorm_swiglu", np_.module,
+                               tuple(dict.fromkeys([*np_.nodes, *sw.nodes])), operands, dict(sw.outputs)))
+    return found
+
+
+def _views_to(y: fx.Node, x2ds: set[fx.Node]) -> list[fx.Node] | None:
+    """The view nodes between `y` and the linears' (M, K) inputs `x2ds` when every reader of
+    `y` leads, through views only, to one of them (e.g. the `alias` a full-range
+    `hidden[:, -0:]` before lm_head lowers to); None when something else reads `y`."""
+    between: list[fx.Node] = []
+    for user in y.users:
+        if user in x2ds:
+            continue
+        if not is_op(user, *VIEW_OPS):
+            return None
+        deeper = _views_to(user, x2ds)
+        if deeper is None:
+            return None
+        between += [user, *deeper]
+    return between
 
 
 def _sole_viewed_linear(pre: Any, params: dict[str, str]) -> Linear | None:
