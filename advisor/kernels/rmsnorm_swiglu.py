@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from advisor.kernels.gemm import (
+    _ACT_NAMES,
     EPS,
     SPACE,
-    _ACT_NAMES,
     _bytes,
     _flops,
     _problem,
