@@ -159,11 +159,14 @@ def tune(
     trial_timeout: Annotated[float, typer.Option(min=1, help="seconds per trial stage")] = 300.0,
     rep_ms: Annotated[float, typer.Option(min=1, help="timing budget per measurement, ms")] = 500.0,
     phase: PhaseOpt = "prefill",
+    seed_plan: Annotated[list[Path] | None, typer.Option(
+        "--seed-plan", help="plan/recipe JSON whose plans every bucket tries first (repeatable)")] = None,
 ) -> None:
     """Which plan is fastest per shape bucket? Optuna search, verified plans, a recipe."""
     from advisor.errors import ModelFileError
     from advisor.loader import load_model_file, parse_shapes
     from advisor.report.progress import TuneProgress, render_tune_summary
+    from advisor.runtime.recipe import load_recipe
     from advisor.search import TuneOptions
     from advisor.search import tune as run
 
@@ -172,11 +175,13 @@ def tune(
     if phase == "decode" and mf.make_decode_inputs is None:
         raise ModelFileError(f"{model}: --phase decode needs make_decode_inputs(context_len, batch, device)")
     dev, dt = _device_dtype(device, dtype)
+    seeds = tuple(b.plan for p in seed_plan or () for b in load_recipe(p).buckets)
     options = TuneOptions(
         model=str(model), shapes=lengths, out=out_path, dtype=dt, device=str(dev), batch=batch,
         trials=trials if trials is not None or time_budget is not None else 20,
         time_budget_s=time_budget, storage=storage, study=study, workers=workers, seed=seed,
-        trial_timeout_s=trial_timeout, warmup_ms=min(100.0, rep_ms / 5), rep_ms=rep_ms, phase=phase)
+        trial_timeout_s=trial_timeout, warmup_ms=min(100.0, rep_ms / 5), rep_ms=rep_ms, phase=phase,
+        seed_plans=seeds)
     with TuneProgress(stdout) as progress:
         result = run(options, progress)
     render_tune_summary(result, stdout)

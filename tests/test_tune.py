@@ -28,7 +28,7 @@ from advisor.runtime.plan import UNFUSED, Plan
 from advisor.runtime.recipe import load_recipe
 from advisor.search import TuneOptions, tune
 from advisor.search.objective import TrialFailed, classify, verify_length
-from advisor.search.space import BucketSpace, FamilySpace, seed_params, suggest
+from advisor.search.space import BucketSpace, FamilySpace, plan_from_params, seed_params, suggest
 from advisor.search.study import Budget, Timed, choose, open_storage
 
 CPU = torch.device("cpu")
@@ -170,6 +170,16 @@ def test_space_suggests_conditional_configs_and_seeds():
     plan = suggest(FixedTrial({"rms_norm": True, "rms_norm.config": "BLOCK_N=128",
                                "gated_act": True, "cuda_graph": True}), space)
     assert plan == Plan(("rms_norm", "gated_act"), {"rms_norm": "BLOCK_N=128"}, True)
+    # A hand-written seed plan goes first; a config the space does not list falls back to
+    # the default, and a family the space lacks is dropped.
+    mine = Plan(("rms_norm", "rope"), {"rms_norm": "BLOCK_N=128"}, True)
+    other = Plan(("gated_act",), {"gated_act": "BLOCK_N=7"}, False)
+    first, second, *rest = seed_params(space, [mine, other])
+    assert first == {"rms_norm": True, "rms_norm.config": "BLOCK_N=128", "gated_act": False,
+                     "cuda_graph": True}
+    assert second == {"rms_norm": False, "gated_act": True, "cuda_graph": False}
+    assert rest == [nothing, graphed, best]
+    assert plan_from_params(first, space) == Plan(("rms_norm",), {"rms_norm": "BLOCK_N=128"}, True)
 
 
 # ---- end to end ----------------------------------------------------------------------

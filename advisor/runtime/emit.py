@@ -30,6 +30,7 @@ KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "attention": (("q", "k", "v", "cos", "sin", "mask", "causal", "scale", "interleaved"), ("y",)),
     "rmsnorm_linear": (("x", "weight", "weights", "eps", "weight_offset"), ("y",)),  # own emitter
     "rmsnorm_swiglu": (("x", "weight", "weights", "eps", "weight_offset", "activation"), ("y",)),
+    "gemm_epilogue": (("x", "weight", "bias", "residual", "activation"), ("y",)),  # own emitter
 }
 
 

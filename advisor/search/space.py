@@ -19,7 +19,7 @@ plain data and runs anywhere.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -82,9 +82,23 @@ def plan_from_params(params: dict[str, Any], space: BucketSpace) -> Plan:
     return Plan(fusions=tuple(on), configs=configs, cuda_graph=bool(params.get("cuda_graph")))
 
 
-def seed_params(space: BucketSpace) -> list[dict[str, Any]]:
+def plan_params(plan: Plan, space: BucketSpace) -> dict[str, Any]:
+    """A plan (e.g. hand-written) as trial parameters of this space: its families that the
+    space offers, each with the plan's config where the space lists it (else the default)."""
+    params: dict[str, Any] = {f.family: f.family in plan.fusions for f in space.families}
+    for f in space.families:
+        if params[f.family] and len(f.configs) > 1:
+            mine = plan.config_for(f.family)
+            params[config_param(f.family)] = mine if mine in f.configs else DEFAULT_CONFIG
+    if space.cuda_graph:
+        params["cuda_graph"] = plan.cuda_graph
+    return params
+
+
+def seed_params(space: BucketSpace, plans: Sequence[Plan] = ()) -> list[dict[str, Any]]:
     """Trials every study starts with, so a short budget still measures the plans most
-    likely to win: nothing fused; the analyzer's predicted best (every family with a
+    likely to win: the caller's `plans` (`advisor tune --seed-plan`) first; nothing
+    fused; the analyzer's predicted best (every family with a
     positive predicted saving, default configs); the predicted best without our matrix
     kernels (`KernelSpec.matrix_kernel`: Triton GEMMs and attention, which the analyzer
     prices by traffic alone but which can lose to cuBLAS / flash kernels); where CUDA
@@ -113,7 +127,8 @@ def seed_params(space: BucketSpace) -> list[dict[str, Any]]:
     # Graph replays first where offered: a budget that runs out after a few trials should
     # still have measured the plans most likely to win (H200, 2026-12-02).
     graphs = [plan(light, True), plan(predicted, True)] if space.cuda_graph else []
-    seeds = [plan(lambda f: False, False), *graphs, plan(predicted, False), plan(light, False)]
+    seeds = [*(plan_params(p, space) for p in plans),
+             plan(lambda f: False, False), *graphs, plan(predicted, False), plan(light, False)]
     return [p for i, p in enumerate(seeds) if p not in seeds[:i]]
 
 

@@ -69,6 +69,7 @@ class TuneOptions:
     rep_ms: float = 500.0
     retime_top: int = 3
     phase: str = "prefill"              # "decode": shapes are KV-cache context lengths
+    seed_plans: tuple[Any, ...] = ()    # Plans tried first in every bucket (--seed-plan)
 
 
 @dataclass(frozen=True)
@@ -294,7 +295,7 @@ def tune_bucket(pool: WorkerPool, storage: Any, name: str, options: TuneOptions,
     study = open_study(storage, name, options.seed + length)
     recover_stale(study)
     if not study.get_trials(deepcopy=False):
-        for params in seed_params(space):
+        for params in seed_params(space, options.seed_plans):
             study.enqueue_trial(params, skip_if_exists=True)
     n_trials, timeout, run = budget.for_bucket(len(finished(study)))
     listener.bucket_started(length, len(finished(study)), options.trials, unfused_ms)
