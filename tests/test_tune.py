@@ -100,10 +100,13 @@ def _trials(options: TuneOptions, name: str) -> list[optuna.trial.FrozenTrial]:
 
 def _expected(trial, faults: list[tuple[str, str]]) -> str | None:
     """The reason the first faulty family this trial's plan applied must fail it with.
-    Patterns run deepest-first: rms_norm_linear takes n1 and the gate/up projections, so
-    rms_norm, gate_up_swiglu and gate_up_merge then apply nowhere; gate_up_swiglu, when it
+    Patterns run deepest-first: rms_norm_swiglu takes n1, the gate/up projections and
+    act·mul (the whole site); else rms_norm_linear takes n1 and the gate/up projections,
+    so rms_norm, gate_up_swiglu and gate_up_merge apply nowhere; gate_up_swiglu, when it
     does apply, takes the MLP's only site before gated_act / gate_up_merge."""
     on = set(trial.user_attrs["plan"]["fusions"])
+    if "rms_norm_swiglu" in on:
+        on -= {"rms_norm_linear", "rms_norm", "gate_up_swiglu", "gated_act", "gate_up_merge"}
     if "rms_norm_linear" in on:
         on -= {"rms_norm", "gate_up_swiglu", "gate_up_merge"}
     if "gate_up_swiglu" in on:
@@ -255,9 +258,9 @@ def test_injected_faults_fail_with_their_reason_and_are_never_chosen(tiny, tmp_p
 
 
 def test_dead_and_hung_workers_are_replaced_and_the_study_goes_on(tiny, tmp_path, monkeypatch):
-    # Seeded plans hit both: the predicted one folds n1 into its projections (exit), the
-    # one without matrix kernels applies rms_norm (hang).
-    faults = [("rms_norm_linear", "exit"), ("rms_norm", "hang")]
+    # Seeded plans hit both: the predicted one folds n1 into the gate/up GEMM with SwiGLU
+    # (exit), the one without matrix kernels applies rms_norm (hang).
+    faults = [("rms_norm_swiglu", "exit"), ("rms_norm", "hang")]
     monkeypatch.setenv("ADVISOR_FAULT", ",".join(f"{f}:{k}" for f, k in faults))
     result = tune(_options(tiny, tmp_path / "r.json", trials=9, seed=0, trial_timeout_s=8.0))
     (bucket,) = result.buckets
