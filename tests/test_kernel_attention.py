@@ -160,6 +160,24 @@ def test_decode_split_k(dtype, splits):
                 _check(q, k, v, cos, sin, mask, causal=True, config=_cfg(16, bn, splits))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_static_cache_mask_skips_hidden_blocks(dtype):
+    """A static cache at decode: slots past the position are -inf in the mask (whole key
+    blocks and splits of them), one block in the middle is hidden too, one row of a tile is
+    live in a block the others cannot see. Skipped blocks change nothing."""
+    gen = _gen(10)
+    tk, tq = 80, 2
+    q, k, v = _qkv(2, 4, 2, tq, tk, 32, dtype, gen)
+    mask = torch.zeros(2, 1, tq, tk)
+    mask[..., 45:] = float("-inf")  # unwritten slots: blocks 3-4 of 16 and part of block 2
+    mask[..., 16:32] = float("-inf")  # a hidden block between live ones
+    mask[1, 0, 0, 20] = 0.0  # ... except for one query of batch 1
+    mask = mask.to(dtype)
+    for cfg in (_cfg(16, 16), _cfg(16, 16, splits=4), _cfg(16, 32, splits=2)):
+        _check(q, k, v, mask=mask, config=cfg)
+    _check(q, k, v, mask=mask, causal=True, config=_cfg(16, 16, splits=4))
+
+
 def test_decode_empty_splits():
     # A config the space drops (SPLITS 8 > key blocks) still computes right: empty splits
     # leave (m, l) = (-inf, 0) and get weight 0 in the combine.

@@ -1,0 +1,79 @@
+"""Decode attention against a static KV cache: where the unwritten slots cost.
+
+A `transformers` StaticCache holds max_cache_len slots; a decode step attends over all of
+them with an additive mask that is -inf past the current position (in our decode
+benchmark the cache holds 2x the context, so half the keys are dead). `_attend` skips key
+blocks the mask hides from every row, so a split over dead slots reads no K/V; with more
+splits (SPLITS = 32) the live half keeps the SMs busy. This probe times, per context, one
+layer's decode attention (Llama-3-8B: 32 q / 8 kv heads, D = 128, batch 1, bf16):
+SDPA over the whole cache with the mask (GQA without repeat_kv, as reduce-overhead runs
+it at best), ours over the whole cache per config, and ours over the live slots only
+(no mask: the floor the skip can reach). Output checked against the reference each time.
+
+    python benchmarks/attention_decode_probe.py --contexts 512,2048   # JSON under $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from advisor.kernels import attention as attn  # noqa: E402
+from advisor.kernels.testing import max_violation, tolerance  # noqa: E402
+from benchmarks.bench_kernels import _ms  # noqa: E402
+from benchmarks.common import header, write  # noqa: E402
+
+CONFIGS = [{"BLOCK_M": 16, "BLOCK_N": bn, "num_warps": 4, "num_stages": st, "SPLITS": sp}
+           for bn in (32, 64) for sp in (8, 16, 32) for st in (2, 3)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--contexts", default="512,2048")
+    args = ap.parse_args()
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = []
+    for ctx in (int(c) for c in args.contexts.split(",")):
+        slots = 2 * ctx
+        q = torch.randn(1, 32, 1, 128, device=dev, generator=gen).to(dtype)
+        k = torch.randn(1, 8, slots, 128, device=dev, generator=gen).to(dtype)
+        v = torch.randn(1, 8, slots, 128, device=dev, generator=gen).to(dtype)
+        mask = torch.full((1, 1, 1, slots), float("-inf"), device=dev)
+        mask[..., : ctx + 1] = 0.0
+        ref = attn.reference(q, k, v, mask=mask)
+        live_k, live_v = k[:, :, : ctx + 1], v[:, :, : ctx + 1]
+        row = {"context": ctx, "slots": slots, "kv_bytes_live": 2 * live_k.numel() * 2,
+               "sdpa_ms": _ms(lambda: F.scaled_dot_product_attention(
+                   q, k, v, attn_mask=mask.to(dtype), enable_gqa=True)),
+               "default_config": attn.SPACE.resolve(None, attn.problem(q, k, v, mask=mask)),
+               "ours_ms": {}, "ours_live_only_ms": {}}
+        for cfg in [None, *CONFIGS]:
+            name = "default" if cfg is None else ",".join(f"{a}={b}" for a, b in cfg.items())
+            out = attn.launch_attention(q, k, v, None, None, mask, False, None, False, cfg)
+            if max_violation(out.float(), ref.float(), tolerance(dtype)) > 0:
+                row["ours_ms"][name] = "MISMATCH"
+                continue
+            row["ours_ms"][name] = _ms(lambda cfg=cfg: attn.launch_attention(
+                q, k, v, None, None, mask, False, None, False, cfg))
+            row["ours_live_only_ms"][name] = _ms(lambda cfg=cfg: attn.launch_attention(
+                q, live_k, live_v, None, None, None, False, None, False, cfg))
+        best = min((t, n) for n, t in row["ours_ms"].items() if isinstance(t, float))
+        row["best"] = {"config": best[1], "ms": best[0]}
+        rows.append(row)
+        print(f"ctx {ctx}: sdpa {row['sdpa_ms'] * 1e3:.1f} us, ours default "
+              f"{row['ours_ms']['default'] * 1e3:.1f} us, best {best[0] * 1e3:.1f} us ({best[1]}), "
+              f"live-only default {row['ours_live_only_ms']['default'] * 1e3:.1f} us", flush=True)
+    path = write("attention-decode-probe.json", {**header(dev, contexts=args.contexts, dtype=str(dtype)),
+                                                 "rows": rows})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
