@@ -33,43 +33,45 @@ CONFIGS = [{"BLOCK_M": 16, "BLOCK_N": bn, "num_warps": 4, "num_stages": st, "SPL
            for bn in (32, 64) for sp in (8, 16, 32) for st in (2, 3)]
 
 
+def probe(ctx: int, dev: torch.device, dtype: torch.dtype, gen: torch.Generator) -> dict:
+    slots = 2 * ctx
+    q = torch.randn(1, 32, 1, 128, device=dev, generator=gen).to(dtype)
+    k = torch.randn(1, 8, slots, 128, device=dev, generator=gen).to(dtype)
+    v = torch.randn(1, 8, slots, 128, device=dev, generator=gen).to(dtype)
+    mask = torch.full((1, 1, 1, slots), float("-inf"), device=dev)
+    mask[..., : ctx + 1] = 0.0
+    ref = attn.reference(q, k, v, mask=mask)
+    live_k, live_v = k[:, :, : ctx + 1], v[:, :, : ctx + 1]
+    row = {"context": ctx, "slots": slots, "kv_bytes_live": 2 * live_k.numel() * 2,
+           "sdpa_ms": _ms(lambda: F.scaled_dot_product_attention(
+               q, k, v, attn_mask=mask.to(dtype), enable_gqa=True)),
+           "default_config": attn.SPACE.resolve(None, attn.problem(q, k, v, mask=mask)),
+           "ours_ms": {}, "ours_live_only_ms": {}}
+    for cfg in [None, *CONFIGS]:
+        name = "default" if cfg is None else ",".join(f"{a}={b}" for a, b in cfg.items())
+        out = attn.launch_attention(q, k, v, None, None, mask, False, None, False, cfg)
+        if max_violation(out.float(), ref.float(), tolerance(dtype)) > 0:
+            row["ours_ms"][name] = "MISMATCH"
+            continue
+        row["ours_ms"][name] = _ms(lambda cfg=cfg: attn.launch_attention(
+            q, k, v, None, None, mask, False, None, False, cfg))
+        row["ours_live_only_ms"][name] = _ms(lambda cfg=cfg: attn.launch_attention(
+            q, live_k, live_v, None, None, None, False, None, False, cfg))
+    best = min((t, n) for n, t in row["ours_ms"].items() if isinstance(t, float))
+    row["best"] = {"config": best[1], "ms": best[0]}
+    print(f"ctx {ctx}: sdpa {row['sdpa_ms'] * 1e3:.1f} us, ours default "
+          f"{row['ours_ms']['default'] * 1e3:.1f} us, best {best[0] * 1e3:.1f} us ({best[1]}), "
+          f"live-only default {row['ours_live_only_ms']['default'] * 1e3:.1f} us", flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", default="512,2048")
     args = ap.parse_args()
     dev, dtype = torch.device("cuda"), torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)
-    rows = []
-    for ctx in (int(c) for c in args.contexts.split(",")):
-        slots = 2 * ctx
-        q = torch.randn(1, 32, 1, 128, device=dev, generator=gen).to(dtype)
-        k = torch.randn(1, 8, slots, 128, device=dev, generator=gen).to(dtype)
-        v = torch.randn(1, 8, slots, 128, device=dev, generator=gen).to(dtype)
-        mask = torch.full((1, 1, 1, slots), float("-inf"), device=dev)
-        mask[..., : ctx + 1] = 0.0
-        ref = attn.reference(q, k, v, mask=mask)
-        live_k, live_v = k[:, :, : ctx + 1], v[:, :, : ctx + 1]
-        row = {"context": ctx, "slots": slots, "kv_bytes_live": 2 * live_k.numel() * 2,
-               "sdpa_ms": _ms(lambda: F.scaled_dot_product_attention(
-                   q, k, v, attn_mask=mask.to(dtype), enable_gqa=True)),
-               "default_config": attn.SPACE.resolve(None, attn.problem(q, k, v, mask=mask)),
-               "ours_ms": {}, "ours_live_only_ms": {}}
-        for cfg in [None, *CONFIGS]:
-            name = "default" if cfg is None else ",".join(f"{a}={b}" for a, b in cfg.items())
-            out = attn.launch_attention(q, k, v, None, None, mask, False, None, False, cfg)
-            if max_violation(out.float(), ref.float(), tolerance(dtype)) > 0:
-                row["ours_ms"][name] = "MISMATCH"
-                continue
-            row["ours_ms"][name] = _ms(lambda cfg=cfg: attn.launch_attention(
-                q, k, v, None, None, mask, False, None, False, cfg))
-            row["ours_live_only_ms"][name] = _ms(lambda cfg=cfg: attn.launch_attention(
-                q, live_k, live_v, None, None, None, False, None, False, cfg))
-        best = min((t, n) for n, t in row["ours_ms"].items() if isinstance(t, float))
-        row["best"] = {"config": best[1], "ms": best[0]}
-        rows.append(row)
-        print(f"ctx {ctx}: sdpa {row['sdpa_ms'] * 1e3:.1f} us, ours default "
-              f"{row['ours_ms']['default'] * 1e3:.1f} us, best {best[0] * 1e3:.1f} us ({best[1]}), "
-              f"live-only default {row['ours_live_only_ms']['default'] * 1e3:.1f} us", flush=True)
+    rows = [probe(int(c), dev, dtype, gen) for c in args.contexts.split(",")]
     path = write("attention-decode-probe.json", {**header(dev, contexts=args.contexts, dtype=str(dtype)),
                                                  "rows": rows})
     print(f"wrote {path}")
