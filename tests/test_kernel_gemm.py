@@ -116,8 +116,6 @@ def test_split_k_every_op(dtype, split, k):
     g = _rand((k,), dtype, 5, 0.5)
     assert_close(gemm.launch_gemm_rmsnorm(x, g, w, 1e-6, 1.0, cfg),
                  gemm.reference_rmsnorm(x, g, w, 1e-6, 1.0))
-    # The GEMV path's in-kernel fix-up leaves every split-K ticket at zero for the next launch.
-    assert all(int(t.abs().sum()) == 0 for t in gemm._TICKETS.get(x.device, []))
 
 
 @pytest.mark.parametrize("op", ["epilogue", "swiglu", "rmsnorm"])

@@ -32,12 +32,10 @@ launch fewer per norm site.
 
 Decode on tensor cores (4 < M <= 16): 16-row tiles and SPLIT_K. Program (tile, s) reduces
 K-slice s into an fp32 partial (SPLIT_K, NACC, M, N); a second small kernel sums the
-partials in a fixed order and runs the epilogue. The GEMV path splits K the same way but
-needs no second launch: the last split of a column tile to finish (an int32 ticket per
-tile, `_tickets`) sums the partials and stores — at one token a launch inside a CUDA graph
-costs ~1.5 µs against an 11 µs o_proj. Chosen over fp32 atomics: deterministic, no memset
-launch, and the non-linear epilogue needs the whole sum; `keep` bounds the partial traffic
-(2·SPLIT_K·NACC·M·N·4 B) to 1/16 of the W bytes.
+partials in a fixed order and runs the epilogue (the GEMV path splits K the same way).
+Chosen over fp32 atomics: deterministic, no memset launch, and the non-linear epilogue
+needs a second pass anyway; `keep` bounds the partial traffic (2·SPLIT_K·NACC·M·N·4 B) to
+1/16 of the W bytes.
 
 Example (CPU needs TRITON_INTERPRET=1; on CUDA it runs the compiled kernel)::
 
@@ -178,7 +176,7 @@ def _finish(acc, up, rows, cols, M, N, B, R, RS, Y, P, stride_rm, stride_ym, str
             ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
             ROW_SCALE: tl.constexpr, GATED: tl.constexpr, SPLIT_K: tl.constexpr):
     """A program's fp32 tile (BM, BN) at rows × cols: epilogue and store to Y, or (split K)
-    the raw partial(s) to P at this program's slice, for `_reduce_splits`."""
+    the raw partial(s) to P at this program's slice, for `_splitk_epilogue_kernel`."""
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     if SPLIT_K == 1:
         y = _epilogue(acc, up, rows, cols, M, N, B, R, RS, stride_rm,
@@ -271,7 +269,6 @@ def _gemv_step(acc, a, b, ONE_ROW: tl.constexpr):
 @triton.jit
 def _gemv_kernel(
     X, W, G, B, R, Y, P,  # as in _gemm_kernel (G: norm weight (K,) if NORM)
-    TICKETS,  # SPLIT_K > 1: int32 per column tile, zero between launches (`_tickets`)
     M, N, K,  # M <= BLOCK_M: every program holds all rows of x
     stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_ym, stride_ps, stride_pu,
     eps, weight_offset,  # NORM: y = (x·diag(g + weight_offset)·Wᵀ)·rsqrt(mean(x²) + eps)
@@ -329,16 +326,6 @@ def _gemv_kernel(
         up = up * r
     _finish(acc, up, rows, cols, M, N, B, R, R, Y, P, stride_rm, stride_ym, stride_ps, stride_pu,
             ACT, HAS_BIAS, HAS_RESIDUAL, False, GATED, SPLIT_K)
-    if SPLIT_K > 1:
-        # The last of this column tile's splits to finish sums all partials and stores y:
-        # no second launch. All threads' partial stores precede the ticket (barrier, then
-        # the atomic's release); the winner's acquire makes the other splits' visible.
-        tl.debug_barrier()
-        ticket = tl.atomic_add(TICKETS + tl.program_id(0), 1, sem="acq_rel")
-        if ticket == SPLIT_K - 1:
-            _reduce_splits(P, B, R, R, Y, rows, cols, M, N, stride_rm, stride_ym, stride_ps,
-                           stride_pu, ACT, HAS_BIAS, HAS_RESIDUAL, False, GATED, SPLIT_K)
-            tl.atomic_xchg(TICKETS + tl.program_id(0), 0)  # reset for the next launch
 
 
 @triton.jit
@@ -352,26 +339,14 @@ def _splitk_epilogue_kernel(
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
-    _reduce_splits(P, B, R, RS, Y, rows, cols, M, N, stride_rm, stride_ym, stride_ps, stride_pu,
-                   ACT, HAS_BIAS, HAS_RESIDUAL, ROW_SCALE, GATED, SPLIT_K)
-
-
-@triton.jit
-def _reduce_splits(P, B, R, RS, Y, rows, cols, M, N, stride_rm, stride_ym, stride_ps, stride_pu,
-                   ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                   ROW_SCALE: tl.constexpr, GATED: tl.constexpr, SPLIT_K: tl.constexpr):
-    """Sum the SPLIT_K fp32 partials of tile rows × cols in split order (deterministic),
-    run the epilogue and store to Y. Partials are read from L2 (.cg): in the GEMV's
-    in-kernel fix-up other programs wrote them, and L1 is not coherent across SMs."""
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     p_ptrs = P + rows.to(tl.int64)[:, None] * N + cols[None, :]  # (BM, BN), split 0
-    acc = tl.zeros((rows.shape[0], cols.shape[0]), dtype=tl.float32)
-    up = tl.zeros((rows.shape[0], cols.shape[0]), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        acc += tl.load(p_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):  # fixed order: deterministic sums
+        acc += tl.load(p_ptrs + s * stride_ps, mask=mask, other=0.0)
         if GATED:
-            up += tl.load(p_ptrs + s * stride_ps + stride_pu, mask=mask, other=0.0,
-                          cache_modifier=".cg")
+            up += tl.load(p_ptrs + s * stride_ps + stride_pu, mask=mask, other=0.0)
     y = _epilogue(acc, up, rows, cols, M, N, B, R, RS, stride_rm,
                   ACT, HAS_BIAS, HAS_RESIDUAL, ROW_SCALE, GATED)
     tl.store(Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :],
@@ -635,30 +610,17 @@ def _run_gemv(x2, w, b, r2, y, partials, p_strides, cfg: Config, norm, flags: di
     written in place; the norm's row scales are computed inside the kernel."""
     (m, k), n, split = x2.shape, y.shape[1], cfg["SPLIT_K"]
     g, eps, offset = (y, 0.0, 0.0) if norm is None else (norm[0].contiguous(), float(norm[1]), float(norm[2]))
-    tiles = triton.cdiv(n, cfg["BLOCK_N"])
-    tickets = _tickets(x2.device, tiles) if split > 1 else y
-    compiled = _gemv_kernel[(tiles, split)](
-        x2, w, g, b, r2, y, partials, tickets, m, n, k, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1),
+    compiled = _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), split)](
+        x2, w, g, b, r2, y, partials, m, n, k, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1),
         r2.stride(0), y.stride(0), *p_strides, eps, offset, NORM=norm is not None,
         EVEN_K=k % cfg["BLOCK_K"] == 0, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"], SPLIT_K=split, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **flags)
+    if split > 1:
+        _splitk_epilogue_kernel[(1, triton.cdiv(n, 128))](
+            partials, b, r2, y, y, m, n, r2.stride(0), y.stride(0), *p_strides, ROW_SCALE=False,
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=128, SPLIT_K=split, num_warps=4, **flags)
     return compiled
-
-
-_TICKETS: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def _tickets(device: torch.device, tiles: int) -> torch.Tensor:
-    """The GEMV split-K tickets for `device`: int32 zeros, one per column tile; every launch
-    leaves them zero again. The newest buffer per device serves; a larger one is added on
-    demand and the old ones are kept alive (a captured CUDA graph may hold their address).
-    In practice it is allocated before any capture (each site runs eagerly at apply time
-    first). Launches that share it must not overlap: GEMVs of one stream."""
-    bufs = _TICKETS.setdefault(device, [])
-    if not bufs or bufs[-1].numel() < tiles:
-        bufs.append(torch.zeros(max(tiles, 1 << 15), dtype=torch.int32, device=device))
-    return bufs[-1]
 
 
 def _epilogue_call(x, w, bias, residual, activation, config):
