@@ -1,6 +1,8 @@
-"""GPU check of the GEMV split-K fix-up (gemm.py: the last split of a column tile sums the
-partials, tickets reset in-kernel): the interpreter runs programs one at a time, so races
-between splits only show on the GPU.
+"""GPU check of the GEMV split-K path (gemm.py: K-slice partials, then a fixed-order sum
+and the epilogue): repeats and CUDA-graph replays must be bit-exact. Written for an
+in-kernel fix-up (the last split of a column tile sums the partials), which passed this
+check on the H200 but made split GEMVs slower (down_proj 29.7 -> 36.9 µs) and was reverted;
+it still guards the two-kernel path.
 
 For Llama-3-8B projections and every split in the menu, each op (epilogue + residual,
 SwiGLU, RMSNorm, RMSNorm + SwiGLU) is launched many times back to back, then captured in a

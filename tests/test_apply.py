@@ -37,8 +37,9 @@ def test_examples_all_fusions_match_and_do_not_recompile(path):
     assert [r["compiles"] for r in totals] == [1, 1], totals  # one compile per bucket
     assert all(r["launches_after"] < r["launches_before"] for r in totals)
     applied = {r["family"]: r["applied"] for r in summary if r["bucket"] == 8 and "applied" in r}
-    # Deepest first: norms folded into the projections that read them, then what is left.
-    for fam in ("add_rms_norm_linear", "rms_norm_linear", "gated_act", "attention_rope"):
+    # Deepest first: norms folded into the projections that read them (into gate/up with
+    # SwiGLU in the same GEMM), then what is left.
+    for fam in ("add_rms_norm_linear", "rms_norm_linear", "add_rms_norm_swiglu", "attention_rope"):
         assert applied[fam] > 0, (fam, summary)
 
 

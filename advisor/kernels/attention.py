@@ -177,42 +177,33 @@ def _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, mask_base, mask_rows, i,
             CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, INTERLEAVED: tl.constexpr,
             MASKED: tl.constexpr, INTERP_BF16: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Online-softmax update over keys [lo, hi) in BLOCK_N steps. MASKED: apply the key
-    bound (hi) and the causal diagonal; unmasked calls cover blocks every row sees whole.
-    A block the additive mask hides from every row (-inf throughout: the unwritten slots of
-    a static KV cache at decode, half the cache or more) is skipped without reading K or V;
-    its update would be exactly nothing (p = 0, m unchanged)."""
+    bound (hi) and the causal diagonal; unmasked calls cover blocks every row sees whole."""
     d = tl.arange(0, BLOCK_D)
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
         n_ok = n < hi
         n64 = n.to(tl.int64)
-        live = True
+        k = _load_rows(k_base, n64 * sk_t, n_ok, sk_d, cos, sin, n64 * sc_t, D, R,
+                       INTERLEAVED, INTERP_BF16, BLOCK_D)  # (BLOCK_N, BLOCK_D)
+        v = tl.load(v_base + n64[:, None] * sv_t + d[None, :] * sv_d,
+                    mask=n_ok[:, None] & (d < D)[None, :], other=0.0)
+        s = _dot(q, tl.trans(k), INTERP_BF16) * sm_scale  # (BLOCK_M, BLOCK_N) fp32
         if HAS_MASK:
-            seen = row_ok[:, None] & n_ok[None, :]
-            bias = tl.load(mask_base + mask_rows[:, None] + n64[None, :] * sm_j, mask=seen,
-                           other=float("-inf")).to(tl.float32)  # (BLOCK_M, BLOCK_N)
-            live = tl.max(tl.max(bias, 1), 0) > float("-inf")
-        if live:
-            k = _load_rows(k_base, n64 * sk_t, n_ok, sk_d, cos, sin, n64 * sc_t, D, R,
-                           INTERLEAVED, INTERP_BF16, BLOCK_D)  # (BLOCK_N, BLOCK_D)
-            v = tl.load(v_base + n64[:, None] * sv_t + d[None, :] * sv_d,
-                        mask=n_ok[:, None] & (d < D)[None, :], other=0.0)
-            s = _dot(q, tl.trans(k), INTERP_BF16) * sm_scale  # (BLOCK_M, BLOCK_N) fp32
-            if HAS_MASK:
-                s += tl.where(seen, bias, 0.0)
-            if MASKED:
-                valid = n_ok[None, :]
-                if CAUSAL:
-                    valid = valid & (n[None, :] <= i[:, None] + off)
-                s = tl.where(valid, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: p = 0
-            alpha = tl.exp(m_i - m_use)
-            p = tl.exp(s - m_use[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            # P·V runs in the input dtype (tensor cores), as in FlashAttention.
-            acc = acc * alpha[:, None] + _dot(cast_rn(p, v.dtype, INTERP_BF16), v, INTERP_BF16)
-            m_i = m_new
+            s += tl.load(mask_base + mask_rows[:, None] + n64[None, :] * sm_j,
+                         mask=row_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+        if MASKED:
+            valid = n_ok[None, :]
+            if CAUSAL:
+                valid = valid & (n[None, :] <= i[:, None] + off)
+            s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: p = 0
+        alpha = tl.exp(m_i - m_use)
+        p = tl.exp(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # P·V runs in the input dtype (tensor cores), as in FlashAttention.
+        acc = acc * alpha[:, None] + _dot(cast_rn(p, v.dtype, INTERP_BF16), v, INTERP_BF16)
+        m_i = m_new
     return acc, l_i, m_i
 
 

@@ -291,6 +291,7 @@ def _gemv_kernel(
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = acc
+    sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)  # NORM, one K slice: Σx² on the way
     for k in range(k_lo, k_hi, BLOCK_K):
         kk = k + tl.arange(0, BLOCK_K)  # (BK,)
         if EVEN_K:
@@ -302,6 +303,8 @@ def _gemv_kernel(
                         eviction_policy="evict_first")
         a = a.to(tl.float32)
         if NORM:
+            if SPLIT_K == 1:
+                sq += a * a
             a = a * (tl.load(G + kk, mask=kk < K, other=0.0).to(tl.float32) + weight_offset)[None, :]
         acc = _gemv_step(acc, a, b, ONE_ROW)
         if GATED:  # the up half: W rows [N, 2N)
@@ -315,12 +318,12 @@ def _gemv_kernel(
         acc = tl.sum(acc, axis=1)[None, :]
         up = tl.sum(up, axis=1)[None, :]
     if NORM:  # this program's rows' rsqrt(mean(x²) + eps) over all of K (x is tiny)
-        sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            kk = k + tl.arange(0, BLOCK_K)
-            v = tl.load(x_rows + kk[None, :] * stride_xk, mask=row_ok & (kk < K)[None, :],
-                        other=0.0).to(tl.float32)
-            sq += v * v
+        if SPLIT_K > 1:  # this program saw one K slice: a second pass over x (L2-resident)
+            for k in range(0, K, BLOCK_K):
+                kk = k + tl.arange(0, BLOCK_K)
+                v = tl.load(x_rows + kk[None, :] * stride_xk, mask=row_ok & (kk < K)[None, :],
+                            other=0.0).to(tl.float32)
+                sq += v * v
         r = tl.rsqrt(tl.sum(sq, axis=1) / K + eps)[:, None]  # (BM, 1)
         acc = acc * r  # linear in acc: a split-K partial may be scaled before the sum
         up = up * r
