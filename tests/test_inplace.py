@@ -5,7 +5,7 @@ import torch
 from torch import fx
 
 from advisor.graph.capture import aten_backend
-from advisor.graph.inplace import write_inputs_in_place
+from advisor.graph.inplace import batch_input_increments, write_inputs_in_place
 from advisor.loader import build, call, first_tensor, inputs_for, load_model_file
 from advisor.runtime.apply import apply
 from advisor.runtime.plan import ALL_FUSIONS
@@ -70,6 +70,34 @@ def test_a_read_of_the_old_cache_after_the_write_keeps_the_copy():
     c = torch.randn(1, 2, 6, 3)
     (total,) = gm(c.clone(), torch.tensor([1]), torch.randn(1, 2, 1, 3))
     torch.testing.assert_close(total, c.sum())
+
+
+def _counters_graph(read_after: bool) -> fx.GraphModule:
+    """x * a, then the write-back epilogue a += 1, b += 1, c += 2 (per-layer position
+    counters); read_after: a sum of b after b's write (the new value)."""
+    g = fx.Graph()
+    a, b, c, x = (g.placeholder(n) for n in "abcx")
+    y = g.call_function(aten.mul.Tensor, (x, a))
+    adds = [g.call_function(aten.add.Tensor, (p, v)) for p, v in ((a, 1), (b, 1), (c, 2))]
+    for p, new in zip((a, b, c), adds):
+        g.call_function(aten.copy_.default, (p, new))
+    outs = (y, g.call_function(aten.sum.default, (b,))) if read_after else (y,)
+    g.output(outs)
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def test_counter_increments_become_one_foreach_add():
+    args = [torch.tensor([3]), torch.tensor([5]), torch.tensor([7]), torch.randn(4)]
+    gm = _counters_graph(read_after=False)
+    assert batch_input_increments(gm) == 2  # a and b (+1); c alone (+2) keeps its copy
+    assert _targets(gm).count(aten._foreach_add_.Scalar) == 1 and _targets(gm).count(aten.copy_.default) == 1
+    got = [t.clone() for t in args]
+    (y,) = gm(*got)
+    torch.testing.assert_close(y, args[3] * args[0])
+    assert [int(t) for t in got[:3]] == [4, 6, 9]
+    # b read after its write: the writes stay where they are
+    late = _counters_graph(read_after=True)
+    assert batch_input_increments(late) == 0
 
 
 def test_decode_step_leaves_the_same_cache_as_eager():

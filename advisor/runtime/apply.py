@@ -150,6 +150,7 @@ class AdvisedModel(torch.nn.Module):
                 "launches_after": sum(r.launches_after for r in state.reports),
                 "in_place_writes": sum(r.in_place_writes for r in state.reports),
                 "repeats_merged": sum(r.repeats_merged for r in state.reports),
+                "increments_batched": sum(r.increments_batched for r in state.reports),
                 "cuda_graphs": len(state.graphs.graphs) if state.graphs else None,
                 "cuda_graph_failures": state.graphs.failures if state.graphs else None,
             })

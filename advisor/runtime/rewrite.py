@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from advisor.graph.capture import fake, hint
 from advisor.graph.cse import eliminate_common_subexpressions
-from advisor.graph.inplace import write_inputs_in_place
+from advisor.graph.inplace import batch_input_increments, write_inputs_in_place
 from advisor.graph.match import Match, launches
 from advisor.graph.patterns import find_all
 from advisor.kernels.registry import all_kernels
@@ -47,6 +47,7 @@ class RewriteReport:
     merged_weights: tuple[tuple[str, ...], ...] = ()   # parameter FQNs read as one matrix
     in_place_writes: int = 0  # input (KV cache) updates put back in place
     repeats_merged: int = 0  # ops identical to an earlier one, removed (graph/cse.py)
+    increments_batched: int = 0  # input counters (p += c) written by one _foreach_add_
 
 
 def _random_like(node: fx.Node, gen: torch.Generator, slots: int | None = None) -> Any:
@@ -212,11 +213,13 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
             merged.append(tuple(params.get(w.name, "") for w in m.operands["weights"]))
         results.append(SiteResult(m.family, m.module, True, max_error=float(cache[key])))
     gm.graph.lint()
-    # per-layer copies of one value (a decoder's additive mask, position arithmetic)
+    # per-layer copies of one value (a decoder's additive mask, position arithmetic) and
+    # per-layer counter increments: one op each
     repeats = eliminate_common_subexpressions(gm) if results else 0
+    increments = batch_input_increments(gm) if results else 0
     use_direct_calls(gm)
     return RewriteReport(tuple(results), before, _count_launches(gm), tuple(merged), in_place,
-                         repeats)
+                         repeats, increments)
 
 
 def _confirm_or_reason(m: Match, config: str) -> float | str:
