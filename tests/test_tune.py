@@ -152,6 +152,10 @@ def test_time_budget_is_shared_over_buckets_and_trials_target_the_study():
     assert 90 < b.for_bucket(done=0)[1] <= 91  # the last bucket: all that is left, less 9 s
     assert Budget(trials=5, deadline=None, buckets_left=1).for_bucket(done=5) == (0, None, False)
     assert Budget(trials=5, deadline=None, buckets_left=1).for_bucket(done=2) == (3, None, True)
+    # Out of time: a bucket with nothing measured still runs one trial (its first seed).
+    spent = Budget(trials=None, deadline=time.monotonic() - 1, buckets_left=1, total_s=100)
+    assert spent.for_bucket(done=0) == (1, None, True)
+    assert Budget(trials=None, deadline=time.monotonic() - 1, buckets_left=1).for_bucket(done=2)[2] is False
 
 
 def test_space_suggests_conditional_configs_and_seeds():

@@ -279,12 +279,18 @@ class Budget:
         return self.deadline + min(trial_timeout_s, max(10.0, 0.1 * self.total_s))
 
     def for_bucket(self, done: int) -> tuple[int | None, float | None, bool]:
-        """(n_trials, timeout_s, run at all) for the next bucket."""
+        """(n_trials, timeout_s, run at all) for the next bucket. A bucket the clock has
+        left nothing for, with no trial measured yet, still gets one (its first seed, e.g.
+        the --seed-plan), past the budget: an unfused bucket because earlier buckets ran
+        long would undo the recipe wherever that bucket routes (H200, 2026-12-03: decode
+        from a 512 context runs in the 2048 bucket; left unfused, 10.1 ms/token)."""
         n = None if self.trials is None else max(0, self.trials - done)
         share = None
         if self.deadline is not None:
             share = (self.deadline - time.monotonic()) / max(1, self.buckets_left) - self.finish_s
         self.buckets_left -= 1
+        if share is not None and share <= 0 and done == 0 and (n is None or n > 0):
+            return 1, None, True
         return n, share, (n is None or n > 0) and (share is None or share > 0)
 
 
@@ -307,6 +313,8 @@ def tune_bucket(pool: WorkerPool, storage: Any, name: str, options: TuneOptions,
 
     if run:
         hard = budget.hard_deadline(options.trial_timeout_s)
+        if timeout is None and hard is not None:  # the one trial past the budget
+            hard = max(hard, time.monotonic() + options.trial_timeout_s)
         objective = make_objective(space, pool, options, hard, run_id)
         study.optimize(objective, n_trials=n_trials,
                        timeout=timeout, n_jobs=options.workers, catch=(TrialFailed,),
