@@ -75,3 +75,41 @@ def test_storage_written_later_is_never_shared():
 
     gm, removed, expected, got = _run(f, torch.randn(3))
     torch.testing.assert_close(got, expected)
+
+
+def test_aliases_the_schema_does_not_annotate_and_opaque_writes_are_honoured():
+    from torch import fx
+
+    # _unsafe_view(p) is p's storage: a sum of it before and after p.add_ are two values
+    g = fx.Graph()
+    p = g.placeholder("p")
+    u = g.call_function(aten._unsafe_view.default, (p, [6]))
+    s1 = g.call_function(aten.sum.default, (u,))
+    g.call_function(aten.add_.Tensor, (p, 100))
+    s2 = g.call_function(aten.sum.default, (u,))
+    g.output((g.call_function(aten.mul.Tensor, (s1, 1)), g.call_function(aten.mul.Tensor, (s2, 1))))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    eliminate_common_subexpressions(gm)
+    first, second = gm(torch.ones(2, 3))
+    assert float(first) == 6 and float(second) == 606
+    # a call_method the pass cannot see into may write what it is given
+    g = fx.Graph()
+    x = g.placeholder("x")
+    z1 = g.call_function(aten.zeros.default, ([3],))
+    z2 = g.call_function(aten.zeros.default, ([3],))
+    g.call_method("add_", (z1, x))
+    g.output((g.call_function(aten.mul.Tensor, (z1, 1)), g.call_function(aten.mul.Tensor, (z2, 1))))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    eliminate_common_subexpressions(gm)
+    a, b = gm(torch.ones(3))
+    assert torch.equal(a, torch.ones(3)) and torch.equal(b, torch.zeros(3))
+
+
+def test_two_outputs_that_view_equal_values_keep_separate_storage():
+    def f(x):
+        return (x * 2).view(-1), (x * 2).view(-1)
+
+    gm = make_fx(f)(torch.randn(2, 2))
+    eliminate_common_subexpressions(gm)
+    o1, o2 = gm(torch.randn(2, 2))
+    assert o1.data_ptr() != o2.data_ptr()

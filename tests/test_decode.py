@@ -108,7 +108,7 @@ def test_every_committed_recipe_loads_and_the_decode_deep_plan_matches_eager():
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     rows = fast.summary()
     applied = {r["family"]: r.get("applied") for r in rows}
-    assert applied["linear_residual"] > 0 and applied["attention"] == 2 and applied["rope_kv_cache"] == 2
+    assert applied["linear_residual"] > 0 and applied["attention"] == 2 and applied["rope_kv_cache"] == 2, rows
     # per layer: norm+gate/up+SwiGLU in one GEMM; the final norm reaches lm_head through
     # the `alias` of a full-range slice; the layers' copies of the additive mask merge
     assert applied["rms_norm_swiglu"] + applied["add_rms_norm_swiglu"] == 2

@@ -77,6 +77,8 @@ def _counters_graph(read_after: bool) -> fx.GraphModule:
     counters); read_after: a sum of b after b's write (the new value)."""
     g = fx.Graph()
     a, b, c, x = (g.placeholder(n) for n in "abcx")
+    for p in (a, b, c):
+        p.meta["val"] = torch.empty(1, dtype=torch.int64)
     y = g.call_function(aten.mul.Tensor, (x, a))
     adds = [g.call_function(aten.add.Tensor, (p, v)) for p, v in ((a, 1), (b, 1), (c, 2))]
     for p, new in zip((a, b, c), adds):
@@ -98,6 +100,34 @@ def test_counter_increments_become_one_foreach_add():
     # b read after its write: the writes stay where they are
     late = _counters_graph(read_after=True)
     assert batch_input_increments(late) == 0
+
+
+def test_counter_increments_that_would_differ_in_place_stay():
+    """An int counter plus a float (promotes, then the copy truncates; refused in place),
+    and a counter written between its `p + 1` and the copy back, are left alone."""
+    g = fx.Graph()
+    a, b, x = g.placeholder("a"), g.placeholder("b"), g.placeholder("x")
+    for p in (a, b):
+        p.meta["val"] = torch.empty(1, dtype=torch.int64)
+    na, nb = g.call_function(aten.add.Tensor, (a, 1.0)), g.call_function(aten.add.Tensor, (b, 1.0))
+    g.call_function(aten.copy_.default, (a, na))
+    g.call_function(aten.copy_.default, (b, nb))
+    g.output((x,))
+    assert batch_input_increments(fx.GraphModule(torch.nn.Module(), g)) == 0
+    g = fx.Graph()
+    a, b, x = g.placeholder("a"), g.placeholder("b"), g.placeholder("x")
+    for p in (a, b):
+        p.meta["val"] = torch.empty(1, dtype=torch.int64)
+    na, nb = g.call_function(aten.add.Tensor, (a, 1)), g.call_function(aten.add.Tensor, (b, 1))
+    g.call_function(aten.add_.Tensor, (a, x))  # a changes after a + 1 was taken
+    g.call_function(aten.copy_.default, (a, na))
+    g.call_function(aten.copy_.default, (b, nb))
+    g.output((x,))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    assert batch_input_increments(gm) == 0
+    a_val, b_val = torch.tensor([5]), torch.tensor([7])
+    gm(a_val, b_val, torch.tensor([100]))
+    assert int(a_val) == 6 and int(b_val) == 8  # the copy wins, as written
 
 
 def test_decode_step_leaves_the_same_cache_as_eager():

@@ -14,8 +14,9 @@ random (`nondeterministic_seeded`). Mutations are honoured: an in-place op (or a
 that writes an argument, like `rope_qk_cache` writing the KV cache) invalidates every
 recorded op that read the storage it writes, and a value whose storage is written anywhere
 in the graph is never merged (two `empty`s later filled differently stay two). A call the
-pass cannot see into (not an aten/custom `OpOverload`, nor `getitem`) ends every record.
-Graph outputs are left alone, so a caller never gets one tensor for two outputs.
+pass cannot see into (not an aten/custom `OpOverload`, nor `getitem`) ends every record and
+counts as writing every tensor it is given. Values that reach the graph's outputs (directly
+or as a view) are left alone, so a caller never gets one storage for two outputs.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any
 
 import torch
 from torch import fx
+
+from advisor.graph.match import VIEW_OPS
 
 _PURE_CALLABLES = {operator.getitem}
 
@@ -53,7 +56,7 @@ def _nodes_in(value: Any) -> list[fx.Node]:
     return []
 
 
-def _written(node: fx.Node) -> list[fx.Node] | None:
+def written_by(node: fx.Node) -> list[fx.Node] | None:
     """The nodes whose storage `node` writes; None when unknown (anything may be written)."""
     if node.op in ("placeholder", "output", "get_attr"):
         return []
@@ -67,26 +70,39 @@ def _written(node: fx.Node) -> list[fx.Node] | None:
 
 def _base_map(graph: fx.Graph) -> dict[fx.Node, fx.Node]:
     """Each node -> the node owning the storage it aliases (itself unless it is a view:
-    a schema return that aliases an argument, or `getitem` of such a result)."""
+    a schema return that aliases an argument — `out=` included —, an op the matcher
+    treats as a view (`_unsafe_view` has no alias annotation), or `getitem` of such a
+    result)."""
     base: dict[fx.Node, fx.Node] = {}
     for node in graph.nodes:
         base[node] = node
         if node.op == "call_function" and node.target is operator.getitem:
-            src = node.args[0]
-            if isinstance(src, fx.Node) and _aliases_input(src):
-                base[node] = base.get(src, src)
-        elif _aliases_input(node):
-            first = node.args[0] if node.args else None
-            if isinstance(first, fx.Node):
-                base[node] = base.get(first, first)
+            src = node.args[0]  # a piece of a split (a view) or of a multi-output op (fresh)
+            if isinstance(src, fx.Node) and _aliased_arg(src) is not None:
+                base[node] = base[src]
+            continue
+        alias = _aliased_arg(node)
+        if alias is not None:
+            base[node] = base.get(alias, alias)
     return base
 
 
-def _aliases_input(node: fx.Node) -> bool:
+def _aliased_arg(node: fx.Node) -> fx.Node | None:
+    """The argument node a view-like `node` returns (part of), else None."""
+    if node.op != "call_function":
+        return None
+    if node.target in VIEW_OPS:
+        first = node.args[0] if node.args else None
+        return first if isinstance(first, fx.Node) else None
     if not _is_overload(node):
-        return False
-    returns = node.target._schema.returns
-    return any(r.alias_info is not None for r in returns)
+        return None
+    sets = [r.alias_info.before_set for r in node.target._schema.returns if r.alias_info is not None]
+    for arg, value in _arg_values(node):
+        if arg.alias_info is not None and any(arg.alias_info.before_set & s for s in sets):
+            hit = _nodes_in(value)
+            if hit:
+                return hit[0]
+    return None
 
 
 def _is_pure(node: fx.Node) -> bool:
@@ -124,14 +140,19 @@ def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
     base = _base_map(graph)
     ever_written: set[fx.Node] = set()
     for node in graph.nodes:
-        for w in _written(node) or []:
+        written = written_by(node)
+        if written is None:  # opaque: any tensor it is given may be written
+            written = _nodes_in([*node.args, *node.kwargs.values()])
+        for w in written:
             ever_written.add(base.get(w, w))
     output = next(n for n in graph.nodes if n.op == "output")
+    # storages the caller receives (an output or a view of one): two such must stay two
+    escaping = {base.get(n, n) for n in _nodes_in(output.args)}
     seen: dict[Any, fx.Node] = {}
     reads: dict[Any, set[fx.Node]] = {}  # key -> storages its inputs alias
     removed = 0
     for node in list(graph.nodes):
-        written = _written(node)
+        written = written_by(node)
         if written is None:  # opaque: forget everything
             seen.clear()
             reads.clear()
@@ -141,7 +162,7 @@ def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
             for key in [k for k, r in reads.items() if r & hit]:
                 del seen[key], reads[key]
             continue
-        if not _is_pure(node) or output in node.users or base[node] in ever_written:
+        if not _is_pure(node) or base[node] in escaping or base[node] in ever_written:
             continue
         try:
             key = (node.target, _key(node.args), _key(dict(node.kwargs)))

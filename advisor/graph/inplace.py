@@ -15,9 +15,11 @@ reader of the input (through views) comes earlier in the graph, shape queries as
 
 from __future__ import annotations
 
+import torch
 from torch import fx
 
-from advisor.graph.match import VIEW_OPS, aten, is_op
+from advisor.graph.capture import fake
+from advisor.graph.match import VIEW_OPS, aten, is_getitem, is_op, strip_views
 
 # functional scatter -> its in-place form (same arguments, returns its first argument)
 IN_PLACE = {
@@ -33,7 +35,7 @@ def _reads_after(src: fx.Node, pos: int, order: dict[fx.Node, int], skip: set[fx
     for user in src.users:
         if user in skip or is_op(user, *_SHAPE_QUERIES):
             continue
-        if is_op(user, *VIEW_OPS):
+        if is_op(user, *VIEW_OPS) or is_getitem(user):  # a split's pieces: views too
             if _reads_after(user, pos, order, skip):
                 return True
         elif order.get(user, len(order)) > pos:  # a node inserted by this pass: after
@@ -67,28 +69,49 @@ def write_inputs_in_place(gm: fx.GraphModule) -> int:
     return done
 
 
+def _written_between(dst: fx.Node, between: list[fx.Node]) -> bool:
+    """Some node in `between` writes `dst` (through views), or may (an op we cannot see into)."""
+    from advisor.graph.cse import written_by  # cse imports graph.match, as we do
+
+    for node in between:
+        written = written_by(node)
+        if written is None or any(strip_views(w) is dst for w in written):
+            return True
+    return False
+
+
 def batch_input_increments(gm: fx.GraphModule) -> int:
     """Turn the trailing `copy_(p, add(p, c))` writes of graph inputs (a StaticCache's
     per-layer position counters: two launches per layer, ~1.5 µs each inside a CUDA graph)
-    into one `_foreach_add_(ps, c)` per constant c at the place of the last such copy.
+    into one `_foreach_add_(ps, c)` per constant c (and dtype, device) at the place of the
+    last such copy.
 
     Only writes whose `add` feeds nothing but the copy, and only copies that come after
     every other reader of their input (they are the graph's write-back epilogue), so the
     increment reads the same value and lands at the same point. Returns how many inputs
     were batched (0 when fewer than two share a constant). Mutates and recompiles `gm`."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    nodes = list(gm.graph.nodes)
     groups: dict[tuple, list[fx.Node]] = {}
-    for copy in [n for n in gm.graph.nodes if is_op(n, aten.copy_.default)]:
+    for copy in [n for n in nodes if is_op(n, aten.copy_.default)]:
         dst, new = copy.args[0], copy.args[1]
         if (dst.op != "placeholder" or copy.kwargs or copy.users or not is_op(new, aten.add.Tensor)
                 or new.kwargs or new.args[0] is not dst or len(new.users) != 1
                 or not isinstance(new.args[1], (int, float)) or isinstance(new.args[1], bool)):
             continue
+        t = fake(dst)
+        value = new.args[1]
+        # p += c in place must equal copy_(p, p + c): no type promotion (an int counter
+        # with a float constant would be truncated by the copy but refused in place)
+        if t is None or t.dtype == torch.bool or (isinstance(value, float) and not t.is_floating_point()):
+            continue
         if _reads_after(dst, order[copy], order, skip={new, copy}):
             continue
-        groups.setdefault((type(new.args[1]), new.args[1]), []).append(copy)
+        if _written_between(dst, nodes[order[new] + 1:order[copy]]):
+            continue  # p + c was computed from a value a later write replaced
+        groups.setdefault((t.dtype, t.device, type(value), value), []).append(copy)
     done = 0
-    for (_, value), copies in groups.items():
+    for (*_, value), copies in groups.items():
         if len(copies) < 2:
             continue
         last = max(copies, key=order.__getitem__)

@@ -43,7 +43,7 @@ from advisor.errors import AdvisorError, ModelFileError
 from advisor.runtime.plan import UNFUSED, Plan
 from advisor.runtime.recipe import Bucket, Recipe, save_recipe
 from advisor.search.objective import TrialFailed, make_objective, plan_of
-from advisor.search.space import BucketSpace, seed_params
+from advisor.search.space import BucketSpace, plan_params, seed_params
 from advisor.search.worker import WorkerPool, WorkerSpec
 
 TIE = 0.01          # plans within 1% of the fastest are ties
@@ -303,6 +303,9 @@ def tune_bucket(pool: WorkerPool, storage: Any, name: str, options: TuneOptions,
     if not study.get_trials(deepcopy=False):
         for params in seed_params(space, options.seed_plans):
             study.enqueue_trial(params, skip_if_exists=True)
+    else:  # a resumed study: its seeds ran; a --seed-plan given now still goes first
+        for plan in options.seed_plans:
+            study.enqueue_trial(plan_params(plan, space), skip_if_exists=True)
     n_trials, timeout, run = budget.for_bucket(len(finished(study)))
     listener.bucket_started(length, len(finished(study)), options.trials, unfused_ms)
 
