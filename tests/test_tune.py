@@ -161,7 +161,7 @@ def test_time_budget_is_shared_over_buckets_and_trials_target_the_study():
 def test_space_suggests_conditional_configs_and_seeds():
     space = BucketSpace(64, 0, (FamilySpace("rms_norm", "rms_norm", 2, 0.1, ("", "BLOCK_N=128")),
                                 FamilySpace("gated_act", "gated_act", 1, 0.0)), cuda_graph=True)
-    graphed, best, nothing = seed_params(space)
+    nothing, graphed, best = seed_params(space)
     assert not any(nothing.values())
     assert best == {"rms_norm": True, "rms_norm.config": "", "gated_act": False, "cuda_graph": False}
     assert graphed == {**best, "cuda_graph": True}
@@ -172,8 +172,8 @@ def test_space_suggests_conditional_configs_and_seeds():
     deep = BucketSpace(64, 0, (*space.families, FamilySpace("attention", "attention", 1, 0.2)), cuda_graph=True)
     seeds = seed_params(deep)
     assert [(p["attention"], p["rms_norm"], p["cuda_graph"]) for p in seeds] == [
-        (False, True, True), (True, True, True), (True, True, False), (False, True, False),
-        (False, False, False)]
+        (False, False, False), (False, True, True), (True, True, True), (True, True, False),
+        (False, True, False)]
     plan = suggest(FixedTrial({"rms_norm": True, "rms_norm.config": "BLOCK_N=128",
                                "gated_act": True, "cuda_graph": True}), space)
     assert plan == Plan(("rms_norm", "gated_act"), {"rms_norm": "BLOCK_N=128"}, True)
@@ -185,7 +185,7 @@ def test_space_suggests_conditional_configs_and_seeds():
     assert first == {"rms_norm": True, "rms_norm.config": "BLOCK_N=128", "gated_act": False,
                      "cuda_graph": True}
     assert second == {"rms_norm": False, "gated_act": True, "cuda_graph": False}
-    assert rest == [graphed, best, nothing]
+    assert rest == [nothing, graphed, best]
     assert plan_from_params(first, space) == Plan(("rms_norm",), {"rms_norm": "BLOCK_N=128"}, True)
 
 

@@ -97,13 +97,13 @@ def plan_params(plan: Plan, space: BucketSpace) -> dict[str, Any]:
 
 def seed_params(space: BucketSpace, plans: Sequence[Plan] = ()) -> list[dict[str, Any]]:
     """Trials every study starts with, so a short budget still measures the plans most
-    likely to win: the caller's `plans` (`advisor tune --seed-plan`) first; the
-    analyzer's predicted best (every family with a
+    likely to win: the caller's `plans` (`advisor tune --seed-plan`) first; nothing
+    fused; the analyzer's predicted best (every family with a
     positive predicted saving, default configs); the predicted best without our matrix
     kernels (`KernelSpec.matrix_kernel`: Triton GEMMs and attention, which the analyzer
     prices by traffic alone but which can lose to cuBLAS / flash kernels); where CUDA
     graphs are offered, the last two replayed from a graph too (host time is most of the
-    latency at short lengths), first; nothing fused last. Duplicates are dropped."""
+    latency at short lengths). Duplicates are dropped."""
     from advisor.kernels.registry import all_kernels
 
     kernels = all_kernels()  # merged_linear (cuBLAS) is not a registry kernel: not "matrix"
@@ -127,10 +127,8 @@ def seed_params(space: BucketSpace, plans: Sequence[Plan] = ()) -> list[dict[str
     # Graph replays first where offered: a budget that runs out after a few trials should
     # still have measured the plans most likely to win (H200, 2026-12-02).
     graphs = [plan(light, True), plan(predicted, True)] if space.cuda_graph else []
-    # "Nothing fused" last: re-timing measures the unfused model anyway, and a bucket the
-    # budget leaves one trial (`Budget.for_bucket`) should spend it on a fused plan.
     seeds = [*(plan_params(p, space) for p in plans),
-             *graphs, plan(predicted, False), plan(light, False), plan(lambda f: False, False)]
+             plan(lambda f: False, False), *graphs, plan(predicted, False), plan(light, False)]
     return [p for i, p in enumerate(seeds) if p not in seeds[:i]]
 
 

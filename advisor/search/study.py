@@ -7,7 +7,7 @@ length = that value):
 
 1. the study is opened (created, or resumed: `load_if_exists`); trials a dead process left
    RUNNING are marked FAIL (`crash`) and their parameters re-enqueued; a new study is seeded
-   with any `--seed-plan`, the analyzer's predicted-best plans and "nothing fused";
+   with "nothing fused" and the analyzer's predicted-best plan;
 2. `study.optimize` runs the trials (`--workers K`: K threads, each leasing its own worker
    process; trial numbers come from Optuna's storage, so they stay unique across processes
    and machines sharing it) until the study holds `--trials` finished trials or the bucket's
