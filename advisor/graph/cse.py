@@ -110,11 +110,8 @@ def _is_pure(node: fx.Node) -> bool:
         return True
     if not _is_overload(node):
         return False
-    target = node.target
-    if torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable:
-        return False
-    return not any(arg.alias_info is not None and arg.alias_info.is_write
-                   for arg in target._schema.arguments)
+    # is_mutable: some argument is written (`Tensor(a!)`)
+    return not (torch.Tag.nondeterministic_seeded in node.target.tags or node.target._schema.is_mutable)
 
 
 def _key(value: Any) -> Any:

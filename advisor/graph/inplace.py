@@ -19,6 +19,7 @@ import torch
 from torch import fx
 
 from advisor.graph.capture import fake
+from advisor.graph.cse import written_by
 from advisor.graph.match import VIEW_OPS, aten, is_getitem, is_op, strip_views
 
 # functional scatter -> its in-place form (same arguments, returns its first argument)
@@ -71,8 +72,6 @@ def write_inputs_in_place(gm: fx.GraphModule) -> int:
 
 def _written_between(dst: fx.Node, between: list[fx.Node]) -> bool:
     """Some node in `between` writes `dst` (through views), or may (an op we cannot see into)."""
-    from advisor.graph.cse import written_by  # cse imports graph.match, as we do
-
     for node in between:
         written = written_by(node)
         if written is None or any(strip_views(w) is dst for w in written):

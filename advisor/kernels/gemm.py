@@ -104,12 +104,17 @@ def unfused_swiglu(x, w_gu, activation: str) -> torch.Tensor:
     return activation_ref(activation, F.linear(x, w_gu[:n])) * F.linear(x, w_gu[n:])
 
 
+def _hf_rms_norm(x, norm_w, eps: float, weight_offset: float) -> torch.Tensor:
+    """HF-style RMSNorm: fp32 inside, rounded to x's dtype, then the weight in x's dtype."""
+    h = x.float()
+    h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return h * (norm_w + weight_offset).to(x.dtype)
+
+
 def unfused_rmsnorm_swiglu(x, norm_w, w_gu, eps: float, weight_offset: float,
                            activation: str) -> torch.Tensor:
     """HF-style RMSNorm, then two GEMMs, the activation and the product, in x's dtype."""
-    h = x.float()
-    h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return unfused_swiglu(h * (norm_w + weight_offset).to(x.dtype), w_gu, activation)
+    return unfused_swiglu(_hf_rms_norm(x, norm_w, eps, weight_offset), w_gu, activation)
 
 
 def reference_rmsnorm_swiglu(x, norm_w, w_gu, eps: float, weight_offset: float,
@@ -121,9 +126,7 @@ def reference_rmsnorm_swiglu(x, norm_w, w_gu, eps: float, weight_offset: float,
 
 def unfused_rmsnorm(x, norm_w, w, eps: float, weight_offset: float) -> torch.Tensor:
     """HF-style RMSNorm (fp32 inside, rounded to x's dtype), then the GEMM in x's dtype."""
-    h = x.float()
-    h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return F.linear(h * (norm_w + weight_offset).to(x.dtype), w)
+    return F.linear(_hf_rms_norm(x, norm_w, eps, weight_offset), w)
 
 
 def reference_rmsnorm(x, norm_w, w, eps: float, weight_offset: float) -> torch.Tensor:

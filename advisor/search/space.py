@@ -109,13 +109,8 @@ def seed_params(space: BucketSpace, plans: Sequence[Plan] = ()) -> list[dict[str
     kernels = all_kernels()  # merged_linear (cuBLAS) is not a registry kernel: not "matrix"
 
     def plan(on: Callable[[FamilySpace], bool], graph: bool) -> dict[str, Any]:
-        params: dict[str, Any] = {f.family: on(f) for f in space.families}
-        for f in space.families:
-            if params[f.family] and len(f.configs) > 1:
-                params[config_param(f.family)] = DEFAULT_CONFIG
-        if space.cuda_graph:
-            params["cuda_graph"] = graph
-        return params
+        fams = tuple(f.family for f in space.families if on(f))
+        return plan_params(Plan(fusions=fams, cuda_graph=graph), space)  # default configs
 
     def predicted(f: FamilySpace) -> bool:
         return f.predicted_saving_ms > 0
