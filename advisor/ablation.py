@@ -18,19 +18,20 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from advisor.runtime.plan import CUDA_GRAPH, Plan
+from advisor.runtime.plan import CUDA_GRAPH, PDL, Plan
 
 
 def leave_one_out(plan: Plan) -> list[tuple[str, Plan]]:
     """(what was removed, the plan without it): each fusion family in plan order, then
-    `cuda_graph` when the plan uses graphs. Configs of the remaining families are kept."""
+    `cuda_graph` and `pdl` where the plan uses them. Configs of the remaining families are kept."""
     out = []
     for family in plan.fusions:
         rest = tuple(f for f in plan.fusions if f != family)
         configs = {k: v for k, v in plan.configs.items() if k != family}
         out.append((family, replace(plan, fusions=rest, configs=configs)))
-    if plan.cuda_graph:
-        out.append((CUDA_GRAPH, replace(plan, cuda_graph=False)))
+    for flag in (CUDA_GRAPH, PDL):
+        if getattr(plan, flag):
+            out.append((flag, replace(plan, **{flag: False})))
     return out
 
 

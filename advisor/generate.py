@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -114,6 +115,21 @@ class Generation:
     loop_ms: float | None = None
 
 
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the vocabulary, (B, V) -> (B, 1), as torch.argmax (first maximum; NaN
+    counts as the maximum). For one long row torch reduces in a single block (H200: 28 µs
+    over Llama-3's 128256 logits, 2% of a decode step), so the row is cut into up to 256
+    equal chunks: the max of each (many rows: a parallel reduce), then the argmax over the
+    chunks' maxima, which picks the first chunk holding the maximum."""
+    b, v = logits.shape
+    chunks = math.gcd(v, 256)  # a power of two dividing V: equal chunks, no padding
+    if chunks < 16 or v < 4096:
+        return logits.argmax(-1, keepdim=True)
+    best, where = logits.view(b, chunks, v // chunks).max(-1)  # (B, C) chunk maxima, offsets
+    first = best.argmax(-1, keepdim=True)  # (B, 1) first chunk holding the maximum
+    return first * (v // chunks) + where.gather(1, first)
+
+
 def greedy(model: Callable[..., Any], inputs: Inputs, steps: int, advance: Advance, *,
            on_step: OnStep | None = None, keep_logits: bool = False) -> Generation:
     """`steps` greedy decode steps from `inputs`; `on_step(i)` runs before step i (e.g. to
@@ -124,7 +140,7 @@ def greedy(model: Callable[..., Any], inputs: Inputs, steps: int, advance: Advan
             on_step(i)
         out = first_tensor(call(model, x))
         last = out if out.dim() == 2 else out[:, -1]  # (B, V)
-        nxt = last.argmax(-1, keepdim=True)  # (B, 1), stays on the device
+        nxt = greedy_ids(last)  # (B, 1), stays on the device
         ids.append(nxt)
         if keep_logits:
             kept.append(last.clone())  # a CUDA graph's output buffer is rewritten by its next replay

@@ -24,6 +24,9 @@ def test_leave_one_out_drops_each_family_and_its_config_then_graphs():
     assert no_rope.fusions == ("add_rms_norm", "gated_act") and "rope" not in no_rope.configs
     assert no_rope.cuda_graph and not dict(out)["cuda_graph"].cuda_graph
     assert [r for r, _ in leave_one_out(Plan(("rope",)))] == ["rope"]
+    with_pdl = leave_one_out(Plan(("rope",), cuda_graph=True, pdl=True))
+    assert [r for r, _ in with_pdl] == ["rope", "cuda_graph", "pdl"]
+    assert dict(with_pdl)["pdl"] == Plan(("rope",), cuda_graph=True)
 
 
 def test_rows_carry_both_timings_and_a_failing_plan_is_a_row():

@@ -164,18 +164,23 @@ def test_decode_split_k(dtype, splits):
 def test_decode_static_cache_mask_skips_hidden_blocks(dtype):
     """A static cache at decode: slots past the position are -inf in the mask (whole key
     blocks and splits of them), one block in the middle is hidden too, one row of a tile is
-    live in a block the others cannot see. Skipped blocks change nothing."""
+    live in a block the others cannot see. The unwritten slots hold NaN: the kernel must
+    not read them (each split narrows its keys to the live ones first; a split with none
+    left is empty), so the result equals attention over the written slots alone."""
     gen = _gen(10)
-    tk, tq = 80, 2
+    tk, tq, live = 80, 2, 45
     q, k, v = _qkv(2, 4, 2, tq, tk, 32, dtype, gen)
     mask = torch.zeros(2, 1, tq, tk)
-    mask[..., 45:] = float("-inf")  # unwritten slots: blocks 3-4 of 16 and part of block 2
+    mask[..., live:] = float("-inf")  # unwritten slots: blocks 3-4 of 16 and part of block 2
     mask[..., 16:32] = float("-inf")  # a hidden block between live ones
     mask[1, 0, 0, 20] = 0.0  # ... except for one query of batch 1
     mask = mask.to(dtype)
+    ref = attn.reference(q, k[:, :, :live], v[:, :, :live], mask=mask[..., :live])
+    k[:, :, live:], v[:, :, live:] = float("nan"), float("nan")
     for cfg in (_cfg(16, 16), _cfg(16, 16, splits=4), _cfg(16, 32, splits=2)):
-        _check(q, k, v, mask=mask, config=cfg)
-    _check(q, k, v, mask=mask, causal=True, config=_cfg(16, 16, splits=4))
+        assert_close(attn.launch_attention(q, k, v, mask=mask, config=cfg), ref)
+    # causal: query i sees keys <= i + Tk - Tq, so every written one here
+    assert_close(attn.launch_attention(q, k, v, mask=mask, causal=True, config=_cfg(16, 16, splits=4)), ref)
 
 
 def test_decode_empty_splits():

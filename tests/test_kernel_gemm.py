@@ -281,6 +281,36 @@ def test_gemv_every_op(dtype, m, k, split, block_k):
                      gemm.reference_rmsnorm(x, g, w, 1e-6, offset))
 
 
+@pytest.mark.parametrize("m, k, split", [(1, 1152, 4), (3, 1030, 2)])
+def test_gemv_pdl_prefetch_path(monkeypatch, m, k, split):
+    """The code a PDL launch runs (first W tile loaded before the wait, the K loop from the
+    second step), here without PDL: ragged K, and K = 9·128 split 4 ways, whose last slice
+    (k_lo = K) is empty and must add nothing."""
+    monkeypatch.setattr(gemm, "PREFETCH_WITHOUT_PDL", True)
+    n, dtype = 40, torch.bfloat16
+    x, w = _xw(m, k, n, dtype)
+    r = _rand((m, n), dtype, 4)
+    cfg = _gemv(m, k, n, dtype, SPLIT_K=split, BLOCK_K=128)
+    assert_close(gemm.launch_gemm_epilogue(x, w, None, r, "none", cfg), gemm.reference(x, w, None, r, "none"))
+    x2, w_gu = _xw(m, k, 2 * n, dtype, seed=3)
+    cfg_g = _gemv(m, k, n, dtype, gated=True, SPLIT_K=split, BLOCK_K=128)
+    assert_close(gemm.launch_gemm_swiglu(x2, w_gu, "silu", cfg_g), gemm.reference_swiglu(x2, w_gu, "silu"))
+    g = _rand((k,), dtype, 5, 0.5)
+    assert_close(gemm.launch_gemm_rmsnorm(x, g, w, 1e-6, 1.0, cfg), gemm.reference_rmsnorm(x, g, w, 1e-6, 1.0))
+
+
+def test_pdl_only_on_sm90_cuda_inside_the_plan_option():
+    """PDL launch options: off by default, off on the CPU/interpreter even when a plan asks."""
+    from advisor.kernels._triton import pdl_launch, programmatic_launch
+
+    x = torch.zeros(2)
+    assert pdl_launch(x) == {"GDC": False}
+    with programmatic_launch(True):
+        assert pdl_launch(x) == {"GDC": False}
+        with programmatic_launch(False):
+            assert pdl_launch(x) == {"GDC": False}
+
+
 def test_gemv_strided_x():
     """x as a strided view (a row of a wider buffer, e.g. the last position of a prefill),
     bf16."""

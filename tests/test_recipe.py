@@ -32,6 +32,9 @@ GOOD = Recipe(
 def test_round_trip(tmp_path):
     path = save_recipe(GOOD, tmp_path / "r.json")
     assert load_recipe(path) == GOOD
+    assert "pdl" not in path.read_text()  # written only when on
+    pdl = Recipe.from_plan(Plan(("rms_norm",), cuda_graph=True, pdl=True))
+    assert load_recipe(save_recipe(pdl, tmp_path / "p.json")).buckets[0].plan.pdl
     assert GOOD.bucket_for(1).max_len == 128 and GOOD.bucket_for(129).max_len == 2048
     assert GOOD.bucket_for(10**6).max_len == 2048  # beyond the largest: largest (documented)
 
@@ -57,6 +60,7 @@ def _corrupt(tmp_path, mutate) -> str:
     (lambda o: o["buckets"].reverse(), "increasing"),
     (lambda o: o.update(kind="pickle"), "$.kind"),
     (lambda o: o["buckets"][0]["plan"].update(cuda_graph="yes"), "cuda_graph"),
+    (lambda o: o["buckets"][0]["plan"].update(pdl=1), "$.buckets[0].plan.pdl"),
 ])
 def test_corrupt_recipes_name_the_json_path(tmp_path, mutate, where):  # 21, 22
     msg = _corrupt(tmp_path, mutate)

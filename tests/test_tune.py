@@ -187,6 +187,17 @@ def test_space_suggests_conditional_configs_and_seeds():
     assert second == {"rms_norm": False, "gated_act": True, "cuda_graph": False}
     assert rest == [nothing, graphed, best]
     assert plan_from_params(first, space) == Plan(("rms_norm",), {"rms_norm": "BLOCK_N=128"}, True)
+    # Where PDL is offered (CUDA sm_90+) it is one more plan-wide switch, off in the seeds
+    # unless a seed plan has it; a resumed study's space from before it reads as "not offered".
+    pdl = BucketSpace(64, 0, space.families, cuda_graph=True, pdl=True)
+    assert all(p["pdl"] is False for p in seed_params(pdl))
+    mine_pdl = Plan(("rms_norm",), {}, cuda_graph=True, pdl=True)
+    assert plan_from_params(seed_params(pdl, [mine_pdl])[0], pdl) == mine_pdl
+    assert suggest(FixedTrial({"rms_norm": False, "gated_act": False, "cuda_graph": True, "pdl": True}),
+                   pdl) == Plan((), {}, True, True)
+    assert BucketSpace.from_json(pdl.to_json()) == pdl
+    old = {k: v for k, v in pdl.to_json().items() if k != "pdl"}
+    assert BucketSpace.from_json(old).pdl is False
 
 
 # ---- end to end ----------------------------------------------------------------------

@@ -7,7 +7,11 @@ custom ops fall back to the eager reference, so a CPU-only install still works.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,3 +79,58 @@ def cast_rn(x, dtype, INTERP_BF16: tl.constexpr):
         bits = x.to(tl.uint32, bitcast=True)
         x = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16).to(tl.float32, bitcast=True)
     return x.to(dtype)
+
+
+# --------------------------------------------------------------------------- PDL
+# Programmatic dependent launch (sm_90+): a kernel launched with it may start while the
+# kernel before it in the stream is still running; `gdc_wait` blocks until that one has
+# finished and its writes are visible. A one-token decode step is ~100 short kernels in a
+# CUDA graph, each paying launch latency plus the ramp to full memory bandwidth; with PDL
+# the next GEMV's programs are already resident and streaming their first weight tile when
+# the previous kernel ends. Contract for every kernel launched with it (`GDC` constexpr):
+# read nothing another kernel writes and write nothing before `gdc_enter` (weights may be
+# prefetched: they are parameters, never written by a step). Kernels launched without it
+# keep stream order, so PDL kernels may sit next to eager aten kernels.
+_PDL = contextvars.ContextVar("advisor_pdl", default=False)
+
+
+@contextlib.contextmanager
+def programmatic_launch(on: bool) -> Iterator[None]:
+    """Within this block, kernels that support it launch with PDL (a plan's `pdl` option)."""
+    token = _PDL.set(bool(on))
+    try:
+        yield
+    finally:
+        _PDL.reset(token)
+
+
+@functools.cache
+def _pdl_device(index: int) -> bool:
+    from triton.language.extra import cuda as tl_cuda
+
+    return torch.cuda.get_device_capability(index)[0] >= 9 and hasattr(tl_cuda, "gdc_wait")
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Compiled Triton on a CUDA device of compute capability 9.0 or newer."""
+    if device.type != "cuda" or interpreting():
+        return False
+    return _pdl_device(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def pdl_launch(t: torch.Tensor) -> dict[str, Any]:
+    """Launch options for a kernel on `t`'s device: {"GDC": bool} for the kernel's
+    constexpr, plus Triton's `launch_pdl` when on (inside `programmatic_launch(True)`, on a
+    device `pdl_supported`)."""
+    on = _PDL.get() and pdl_supported(t.device)
+    return {"GDC": True, "launch_pdl": True} if on else {"GDC": False}
+
+
+@triton.jit
+def gdc_enter(GDC: tl.constexpr):
+    """Wait for the previous kernel (its writes visible), then let the next one launch:
+    its programs take free SM slots and run up to their own wait (a weight prefetch).
+    Waiting first keeps at most one kernel ahead in flight. No-op unless GDC."""
+    if GDC:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()

@@ -11,7 +11,9 @@ Prefill (Tq > 16): grid (cdiv(Tq, BLOCK_M), B·Hq); each program walks the key b
 row sees whole without masks, then the diagonal/tail blocks with masks, and skips the rest.
 Decode (Tq <= 16): the Hq/Hkv q heads of a kv head share one M tile (k/v read once per kv
 head) and SPLITS programs each take a chunk of keys, writing partial (m, l, acc) to fp32
-scratch; a combine kernel returns Σ e^(m_s−M)·acc_s / Σ e^(m_s−M)·l_s.
+scratch; a combine kernel returns Σ e^(m_s−M)·acc_s / Σ e^(m_s−M)·l_s. With a mask, each
+split first narrows its keys to those the mask leaves visible to some row, so the
+unwritten slots of a static KV cache (-inf for every row) cost no K/V reads.
 
 HBM bytes, E = element size, S = B·Hq·Tq·D, K = B·Hkv·Tk·D, P = B·Hq·Tq·Tk:
     fused = (2·S + 2·K)·E + cos/sin + mask  (read q, k, v once; write out)
@@ -44,7 +46,9 @@ from advisor.kernels._triton import (
     cast_rn,
     check,
     check_float,
+    gdc_enter,
     interpreting,
+    pdl_launch,
     resources,
     triton_can_run,
 )
@@ -226,6 +230,26 @@ def _key_range(r0, lo, CHUNK, ROWS, TQ, TK, CAUSAL: tl.constexpr, BLOCK_M: tl.co
 
 
 @triton.jit
+def _live_keys(mask_base, mask_rows, row_ok, lo, full, hi, sm_j, BLOCK_N: tl.constexpr):
+    """(lo, full, hi) of `_key_range` shrunk to [first, last] key some row's additive mask
+    leaves finite: a static KV cache's unwritten slots are -inf for every row, and a split
+    that only holds those reads no K/V (empty range). One pass over the mask slice, before
+    the K/V loop: a skip test inside that loop stopped Triton pipelining its loads (H200,
+    8.5 -> 14.2 µs per layer at 2048)."""
+    first = hi
+    last = lo - 1
+    for start in range(lo, hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        mk = tl.load(mask_base + mask_rows[:, None] + n.to(tl.int64)[None, :] * sm_j,
+                     mask=row_ok[:, None] & (n < hi)[None, :], other=float("-inf"))
+        live = tl.max(mk.to(tl.float32), 0) > float("-inf")  # (BLOCK_N,)
+        first = tl.minimum(first, tl.min(tl.where(live, n, hi), 0))
+        last = tl.maximum(last, tl.max(tl.where(live, n, lo - 1), 0))
+    hi = tl.maximum(last + 1, first)  # nothing live: first = hi, an empty range
+    return first, first + tl.maximum(tl.minimum(full, hi) - first, 0) // BLOCK_N * BLOCK_N, hi
+
+
+@triton.jit
 def _attn_kernel(
     Q, K, V,  # (B, Hq, Tq, D), (B, Hkv, Tk, D), (B, Hkv, Tk, D); any strides
     COS, SIN,  # (Bc, Tk, R) contiguous tables (read iff R > 0)
@@ -240,8 +264,11 @@ def _attn_kernel(
     R: tl.constexpr,  # rotary dim (<= D, even); 0: no RoPE
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, INTERLEAVED: tl.constexpr,
     SPLIT: tl.constexpr, INTERP_BF16: tl.constexpr,
+    LIVE_RANGE: tl.constexpr,  # decode with a mask: skip keys it hides from every row
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    GDC: tl.constexpr,  # programmatic dependent launch (_triton.pdl_launch)
 ):
+    gdc_enter(GDC)
     # grid = (cdiv(PACK·Tq, BLOCK_M), B·Hq/PACK, SPLITS); row r of the program's tile is
     # query i = r % Tq of q head h0 + r // Tq.
     pid_m = tl.program_id(0)
@@ -262,13 +289,15 @@ def _attn_kernel(
                    (i64 + off) * sc_t, D, R, INTERLEAVED, INTERP_BF16, BLOCK_D)
     lo, full, hi = _key_range(pid_m * BLOCK_M, split * CHUNK, CHUNK, PACK * TQ, TQ, TK,
                               CAUSAL, BLOCK_M, BLOCK_N)
+    mask_rows = b * sm_b + head * sm_h + i64 * sm_i
+    if LIVE_RANGE:
+        lo, full, hi = _live_keys(MASK, mask_rows, row_ok, lo, full, hi, sm_j, BLOCK_N)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     k_base = K + b * sk_b + kvh * sk_h
     v_base = V + b * sv_b + kvh * sv_h
-    mask_rows = b * sm_b + head * sm_h + i64 * sm_i
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, MASK, mask_rows, i,
                             row_ok, lo, full, off, sm_scale, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j,
                             D, R, CAUSAL, HAS_MASK, INTERLEAVED, False, INTERP_BF16,
@@ -294,8 +323,9 @@ def _attn_kernel(
 
 @triton.jit
 def _combine_kernel(ACC, M_PART, L_PART, OUT, N_ROWS, D, SPLITS, INTERP_BF16: tl.constexpr,
-                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, GDC: tl.constexpr):
     """One program per out row: merge SPLITS partial (m, l, acc) (scratch as above)."""
+    gdc_enter(GDC)
     row = tl.program_id(0).to(tl.int64)
     s = tl.arange(0, BLOCK_S)
     s_ok = s < SPLITS
@@ -470,16 +500,18 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
     meta = {"R": rot, "CAUSAL": bool(causal), "HAS_MASK": m4 is not None,
             "INTERLEAVED": bool(interleaved) and rot > 0, "SPLIT": splits > 1,
             "INTERP_BF16": interpreting() and q.dtype == torch.bfloat16,
+            "LIVE_RANGE": m4 is not None and tq <= DECODE_MAX_TQ,
             "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": bn, "BLOCK_D": _block_d(d),
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if warmup:
-        return out, _attn_kernel.warmup(*args, grid=grid, **meta)
-    compiled = _attn_kernel[grid](*args, **meta)
+        return out, _attn_kernel.warmup(*args, grid=grid, GDC=False, **meta)
+    pdl = pdl_launch(out)
+    compiled = _attn_kernel[grid](*args, **meta, **pdl)
     if splits > 1:
         _combine_kernel[(b * hq * tq,)](
             acc, ml[0], ml[1], out, b * hq * tq, d, splits, INTERP_BF16=meta["INTERP_BF16"],
             BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=_block_d(d),
-            num_warps=max(1, min(4, triton.next_power_of_2(splits) * _block_d(d) // 512)))
+            num_warps=max(1, min(4, triton.next_power_of_2(splits) * _block_d(d) // 512)), **pdl)
     return out, compiled
 
 

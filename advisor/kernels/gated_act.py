@@ -38,7 +38,15 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from advisor.kernels._triton import check, check_float, interpreting, resources, triton_can_run
+from advisor.kernels._triton import (
+    check,
+    check_float,
+    gdc_enter,
+    interpreting,
+    pdl_launch,
+    resources,
+    triton_can_run,
+)
 from advisor.kernels.registry import KernelSpec, register
 from advisor.kernels.space import Config, ConfigSpace, Problem, decode
 from advisor.kernels.testing import randn_nonzero
@@ -156,7 +164,9 @@ def _gated_act_kernel(
     BLOCK_N: tl.constexpr,  # columns per program
     EVEN_M: tl.constexpr,  # n_rows % BLOCK_M == 0: no row bounds check
     EVEN_N: tl.constexpr,  # n_cols % BLOCK_N == 0: no column bounds check
+    GDC: tl.constexpr,  # programmatic dependent launch (_triton.pdl_launch)
 ):
+    gdc_enter(GDC)
     # The program owns the tile rows [pid_m·BM, +BM) × cols [pid_n·BN, +BN), see tile_index.
     rows, cols = tile_index(n_cols, BLOCK_M, BLOCK_N)
     rows64 = rows.to(tl.int64)[:, None]  # rows·stride can pass 2^31 at long prefills
@@ -296,7 +306,7 @@ def _prepare(gate2: torch.Tensor, up2: torch.Tensor, out2: torch.Tensor, activat
 def _launch_rows(gate2: torch.Tensor, up2: torch.Tensor, out: torch.Tensor, activation: str,
                  config: Mapping[str, int] | None) -> torch.Tensor:
     args, meta, grid = _prepare(gate2, up2, out.view(-1, gate2.shape[1]), activation, config)
-    _gated_act_kernel[grid](*args, **meta)
+    _gated_act_kernel[grid](*args, **meta, **pdl_launch(out))
     return out
 
 
@@ -305,7 +315,7 @@ def _spills_rows(gate2: torch.Tensor, up2: torch.Tensor, activation: str,
     if interpreting() or gate2.device.type != "cuda":
         return None
     args, meta, grid = _prepare(gate2, up2, torch.empty_like(gate2), activation, config)
-    report = resources(_gated_act_kernel.warmup(*args, grid=grid, **meta))
+    report = resources(_gated_act_kernel.warmup(*args, grid=grid, GDC=False, **meta))
     return None if report is None else report.n_spills
 
 

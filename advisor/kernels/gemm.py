@@ -58,7 +58,9 @@ from advisor.kernels._triton import (
     SUPPORTED_DTYPES,
     check,
     check_float,
+    gdc_enter,
     interpreting,
+    pdl_launch,
     resources,
     triton_can_run,
 )
@@ -270,6 +272,49 @@ def _gemv_step(acc, a, b, ONE_ROW: tl.constexpr):
 
 
 @triton.jit
+def _gemv_x(x_rows, kk, K, row_ok, stride_xk, MASKED: tl.constexpr):
+    """x rows (BM, BK) at K offsets kk (BK,), fp32."""
+    if MASKED:
+        a = tl.load(x_rows + kk[None, :] * stride_xk, mask=row_ok & (kk < K)[None, :], other=0.0)
+    else:
+        a = tl.load(x_rows + kk[None, :] * stride_xk, mask=row_ok, other=0.0)
+    return a.to(tl.float32)
+
+
+@triton.jit
+def _gemv_w(w_rows, kk, K, N, stride_wn, stride_wk, GATED: tl.constexpr, MASKED: tl.constexpr):
+    """W tiles (BN, BK) at K offsets kk, and the up half's (rows N further) if GATED; read
+    once, so evicted first."""
+    ptrs = w_rows + kk[None, :] * stride_wk
+    if MASKED:
+        b = tl.load(ptrs, mask=(kk < K)[None, :], other=0.0, eviction_policy="evict_first")
+    else:
+        b = tl.load(ptrs, eviction_policy="evict_first")
+    bu = b
+    if GATED:
+        if MASKED:
+            bu = tl.load(ptrs + N * stride_wn, mask=(kk < K)[None, :], other=0.0,
+                         eviction_policy="evict_first")
+        else:
+            bu = tl.load(ptrs + N * stride_wn, eviction_policy="evict_first")
+    return b, bu
+
+
+@triton.jit
+def _gemv_update(acc, up, sq, a, b, bu, G, kk, K, weight_offset, NORM: tl.constexpr,
+                 GATED: tl.constexpr, SPLIT_K: tl.constexpr, ONE_ROW: tl.constexpr):
+    """One K-step: Σx² (NORM, unsplit K), x·diag(g + offset) (NORM), acc (and up) += x·Wᵀ."""
+    if NORM:
+        if SPLIT_K == 1:
+            sq += a * a
+        a = a * (tl.load(G + kk, mask=kk < K, other=0.0).to(tl.float32) + weight_offset)[None, :]
+    acc = _gemv_step(acc, a, b, ONE_ROW)
+    if GATED:
+        up = _gemv_step(up, a, bu, ONE_ROW)
+    return acc, up, sq
+
+
+@triton.jit
 def _gemv_kernel(
     X, W, G, B, R, Y, P,  # as in _gemm_kernel (G: norm weight (K,) if NORM)
     M, N, K,  # M <= BLOCK_M: every program holds all rows of x
@@ -278,8 +323,11 @@ def _gemv_kernel(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     NORM: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    PREFETCH: tl.constexpr, GDC: tl.constexpr,
 ):
-    """Program (n-tile, s): output columns [n·BN, +BN) of all M rows, K-slice s."""
+    """Program (n-tile, s): output columns [n·BN, +BN) of all M rows, K-slice s.
+    PREFETCH: the first K-step's W tile is loaded before `gdc_enter` (under PDL, while the
+    previous kernel still runs: W is a parameter), the loop takes the rest."""
     ONE_ROW: tl.constexpr = BLOCK_M == 1
     rows = tl.arange(0, BLOCK_M)  # (BM,)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
@@ -295,28 +343,23 @@ def _gemv_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = acc
     sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)  # NORM, one K slice: Σx² on the way
-    for k in range(k_lo, k_hi, BLOCK_K):
+    if PREFETCH:  # masked: a K slice may be empty (k_lo >= K)
+        kk = k_lo + tl.arange(0, BLOCK_K)
+        b, bu = _gemv_w(w_rows, kk, K, N, stride_wn, stride_wk, GATED, True)
+        gdc_enter(GDC)
+        a = _gemv_x(x_rows, kk, K, row_ok, stride_xk, True)
+        acc, up, sq = _gemv_update(acc, up, sq, a, b, bu, G, kk, K, weight_offset, NORM, GATED,
+                                   SPLIT_K, ONE_ROW)
+        k_first = k_lo + BLOCK_K
+    else:
+        gdc_enter(GDC)
+        k_first = k_lo
+    for k in range(k_first, k_hi, BLOCK_K):
         kk = k + tl.arange(0, BLOCK_K)  # (BK,)
-        if EVEN_K:
-            a = tl.load(x_rows + kk[None, :] * stride_xk, mask=row_ok, other=0.0)  # (BM, BK)
-            b = tl.load(w_rows + kk[None, :] * stride_wk, eviction_policy="evict_first")  # (BN, BK)
-        else:
-            a = tl.load(x_rows + kk[None, :] * stride_xk, mask=row_ok & (kk < K)[None, :], other=0.0)
-            b = tl.load(w_rows + kk[None, :] * stride_wk, mask=(kk < K)[None, :], other=0.0,
-                        eviction_policy="evict_first")
-        a = a.to(tl.float32)
-        if NORM:
-            if SPLIT_K == 1:
-                sq += a * a
-            a = a * (tl.load(G + kk, mask=kk < K, other=0.0).to(tl.float32) + weight_offset)[None, :]
-        acc = _gemv_step(acc, a, b, ONE_ROW)
-        if GATED:  # the up half: W rows [N, 2N)
-            if EVEN_K:
-                bu = tl.load(w_rows + N * stride_wn + kk[None, :] * stride_wk, eviction_policy="evict_first")
-            else:
-                bu = tl.load(w_rows + N * stride_wn + kk[None, :] * stride_wk, mask=(kk < K)[None, :],
-                             other=0.0, eviction_policy="evict_first")
-            up = _gemv_step(up, a, bu, ONE_ROW)
+        a = _gemv_x(x_rows, kk, K, row_ok, stride_xk, not EVEN_K)  # (BM, BK)
+        b, bu = _gemv_w(w_rows, kk, K, N, stride_wn, stride_wk, GATED, not EVEN_K)  # (BN, BK)
+        acc, up, sq = _gemv_update(acc, up, sq, a, b, bu, G, kk, K, weight_offset, NORM, GATED,
+                                   SPLIT_K, ONE_ROW)
     if ONE_ROW:  # (BN, BK) -> (1, BN)
         acc = tl.sum(acc, axis=1)[None, :]
         up = tl.sum(up, axis=1)[None, :]
@@ -341,8 +384,9 @@ def _splitk_epilogue_kernel(
     M, N, stride_rm, stride_ym, stride_ps, stride_pu,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     ROW_SCALE: tl.constexpr, GATED: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, GDC: tl.constexpr,
 ):
+    gdc_enter(GDC)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
@@ -421,6 +465,9 @@ def _menu(problem: Problem) -> dict[str, tuple[int, ...]]:
     return menu
 
 
+# Tests set this to run the GEMV's PDL code path (first W tile peeled off the K loop)
+# where PDL itself cannot run (the interpreter).
+PREFETCH_WITHOUT_PDL = False
 GEMV_MAX_M = 4  # rows of x the GEMV path holds in one program (all of them)
 GEMV_PER_THREAD = (16, 64)  # fp32 products per thread per K-step (BM·BN·BK / threads): enough
 #                             bytes in flight per load, few enough registers for occupancy
@@ -607,25 +654,28 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
         _splitk_epilogue_kernel[grid](
             partials, b, r2, rs, y, m, n, r2.stride(0), y.stride(0), *p_strides,
             ROW_SCALE=norm is not None,
-            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SPLIT_K=split, num_warps=4, **flags)
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SPLIT_K=split, GDC=False, num_warps=4,
+            **flags)
     return y.view(*x.shape[:-1], n), compiled
 
 
 def _run_gemv(x2, w, b, r2, y, partials, p_strides, cfg: Config, norm, flags: dict[str, Any]) -> Any:
     """The GEMV path of `_run` (its buffers and flags): x2 (M, K) with M <= BLOCK_M, y (M, N)
-    written in place; the norm's row scales are computed inside the kernel."""
+    written in place; the norm's row scales are computed inside the kernel. Under PDL
+    (`programmatic_launch`) both kernels launch early and the GEMV prefetches W."""
     (m, k), n, split = x2.shape, y.shape[1], cfg["SPLIT_K"]
     g, eps, offset = (y, 0.0, 0.0) if norm is None else (norm[0].contiguous(), float(norm[1]), float(norm[2]))
+    pdl = pdl_launch(x2)
     compiled = _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), split)](
         x2, w, g, b, r2, y, partials, m, n, k, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1),
         r2.stride(0), y.stride(0), *p_strides, eps, offset, NORM=norm is not None,
         EVEN_K=k % cfg["BLOCK_K"] == 0, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_K=cfg["BLOCK_K"], SPLIT_K=split, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **flags)
+        BLOCK_K=cfg["BLOCK_K"], SPLIT_K=split, PREFETCH=pdl["GDC"] or PREFETCH_WITHOUT_PDL,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl, **flags)
     if split > 1:
         _splitk_epilogue_kernel[(1, triton.cdiv(n, 128))](
             partials, b, r2, y, y, m, n, r2.stride(0), y.stride(0), *p_strides, ROW_SCALE=False,
-            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=128, SPLIT_K=split, num_warps=4, **flags)
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=128, SPLIT_K=split, num_warps=4, **pdl, **flags)
     return compiled
 
 

@@ -39,7 +39,9 @@ from advisor.kernels._triton import (
     SUPPORTED_DTYPES,
     check,
     check_float,
+    gdc_enter,
     interpreting,
+    pdl_launch,
     resources,
     triton_can_run,
 )
@@ -95,7 +97,9 @@ def _norm_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,        # power of two >= n_cols: one tile per row
     ROWS_PER_PROG: tl.constexpr,  # rows handled by one program (weight loaded once)
+    GDC: tl.constexpr,            # programmatic dependent launch (_triton.pdl_launch)
 ):
+    gdc_enter(GDC)
     cols = tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     col_mask = cols < n_cols
     # Weight and bias are loaded once per program and reused for every row.
@@ -232,6 +236,7 @@ def _norm(x, residual, weight, bias, eps, weight_offset, is_rms, config, out, re
         IS_RMS=is_rms, HAS_RESIDUAL=residual is not None,
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
         BLOCK_N=cfg["BLOCK_N"], ROWS_PER_PROG=cfg["ROWS_PER_PROG"], num_warps=cfg["num_warps"],
+        **pdl_launch(y),
     )
     return y, h, compiled
 

@@ -26,7 +26,16 @@ import torch
 import triton
 import triton.language as tl
 
-from advisor.kernels._triton import cast_rn, check, check_float, interpreting, resources, triton_can_run
+from advisor.kernels._triton import (
+    cast_rn,
+    check,
+    check_float,
+    gdc_enter,
+    interpreting,
+    pdl_launch,
+    resources,
+    triton_can_run,
+)
 from advisor.kernels.registry import KernelSpec, register
 from advisor.kernels.space import Config, ConfigSpace, Problem, decode
 from advisor.kernels.testing import randn_nonzero
@@ -168,9 +177,10 @@ def _rope_kernel(
     sko_b, sko_h, sko_t, sko_d, svo_b, svo_h, svo_t, svo_d,
     sqo_b, sqo_h, sqo_t, sqo_d,
     INTERLEAVED: tl.constexpr, WRITE_CACHE: tl.constexpr, INTERP_BF16: tl.constexpr,
-    BLOCK_D: tl.constexpr, HEADS_PER_PROG: tl.constexpr,
+    BLOCK_D: tl.constexpr, HEADS_PER_PROG: tl.constexpr, GDC: tl.constexpr,
 ):
     # grid = (B*T, cdiv(Hq, HPP) + cdiv(Hkv, HPP)): head blocks never straddle q and k.
+    gdc_enter(GDC)
     row = tl.program_id(0)
     hblk = tl.program_id(1)
     b = (row // T).to(tl.int64)
@@ -310,8 +320,10 @@ def _run(q, k, v, cos, sin, ko, vo, pos, interleaved, config, warmup: bool = Fal
             "BLOCK_D": cfg["BLOCK_D"],
             "HEADS_PER_PROG": hpp, "num_warps": cfg["num_warps"]}
     if warmup:
-        return qo, _rope_kernel.warmup(*args, grid=grid, **meta)
-    return qo, (_rope_kernel[grid](*args, **meta) if q.numel() + k.numel() else None)
+        return qo, _rope_kernel.warmup(*args, grid=grid, GDC=False, **meta)
+    if not q.numel() + k.numel():
+        return qo, None
+    return qo, _rope_kernel[grid](*args, **meta, **pdl_launch(qo))
 
 
 def _like(x: torch.Tensor) -> torch.Tensor:

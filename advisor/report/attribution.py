@@ -52,7 +52,9 @@ from typing import Any
 
 import numpy as np
 
-from advisor.runtime.plan import CUDA_GRAPH
+from advisor.runtime.plan import CUDA_GRAPH, PDL
+
+PLAN_FLAGS = (CUDA_GRAPH, PDL)  # plan-wide switches, not fusion families
 
 CONFIG_SUFFIX = ".config"
 PAIRED, LSTSQ = "paired", "least squares"
@@ -106,7 +108,7 @@ def trials_from_history(rows: Iterable[Mapping[str, Any]], bucket: Any) -> list[
                 or not isinstance(value, (int, float)) or not math.isfinite(value)
                 or r.get("repeat_of") is not None):
             continue
-        any_on = any(v is True for k, v in params.items() if k != CUDA_GRAPH)
+        any_on = any(v is True for k, v in params.items() if k not in PLAN_FLAGS)
         if any_on and r.get("applied") == 0:
             continue
         out.append(Trial(dict(params), float(value)))
@@ -114,11 +116,11 @@ def trials_from_history(rows: Iterable[Mapping[str, Any]], bucket: Any) -> list[
 
 
 def families_of(trials: Iterable[Trial]) -> list[str]:
-    """Boolean parameters other than cuda_graph, in first-seen order."""
+    """Boolean parameters other than the plan flags (cuda_graph, pdl), in first-seen order."""
     seen: dict[str, None] = {}
     for t in trials:
         for k, v in t.params.items():
-            if isinstance(v, bool) and k != CUDA_GRAPH:
+            if isinstance(v, bool) and k not in PLAN_FLAGS:
                 seen.setdefault(k, None)
     return list(seen)
 

@@ -28,7 +28,7 @@ def _fails(counts: dict[str, int]) -> str:
 
 def _plan(plan: Any) -> str:
     text = ", ".join(plan.fusions) or "unfused"
-    return text + (" + cuda graph" if plan.cuda_graph else "")
+    return text + (" + cuda graph" if plan.cuda_graph else "") + (" + pdl" if plan.pdl else "")
 
 
 class TuneProgress:

@@ -25,6 +25,7 @@ from torch import fx
 
 from advisor.errors import RecipeError
 from advisor.graph.capture import aten_backend
+from advisor.kernels._triton import programmatic_launch
 from advisor.runtime.cudagraph import GraphCache
 from advisor.runtime.plan import UNFUSED, Plan
 from advisor.runtime.recipe import Bucket, Recipe
@@ -123,8 +124,8 @@ class AdvisedModel(torch.nn.Module):
             state.fn = _traced(self._compile(state))
             if state.plan.cuda_graph and torch.cuda.is_available():
                 state.graphs = GraphCache(state.fn)  # replays never enter dynamo
-        with torch.no_grad():
-            if state.graphs is not None:
+        with torch.no_grad(), programmatic_launch(state.plan.pdl):
+            if state.graphs is not None:  # captures launch (and record) PDL; replays launch nothing
                 return state.graphs(*args, **kwargs)
             return state.fn(*args, **kwargs)
 

@@ -35,22 +35,31 @@ FAMILIES: dict[str, str] = {
 UNTUNED_KERNELS = {"merged_linear"}
 # The plan key (and tune parameter, ablation row) for CUDA graphs on/off.
 CUDA_GRAPH = "cuda_graph"
+# The plan key (and tune parameter, ablation row) for programmatic dependent launch of our
+# kernels (CUDA sm_90+; advisor/kernels/_triton.py `programmatic_launch`).
+PDL = "pdl"
 
 
 @dataclass(frozen=True)
 class Plan:
-    """fusions: enabled families; configs: family -> kernel config text ("" = default)."""
+    """fusions: enabled families; configs: family -> kernel config text ("" = default);
+    cuda_graph: replay captured graphs; pdl: launch our kernels with programmatic
+    dependent launch (each may start during the previous one; it pays under CUDA graphs)."""
 
     fusions: tuple[str, ...] = ()
     configs: dict[str, str] = field(default_factory=dict)
     cuda_graph: bool = False
+    pdl: bool = False
 
     def config_for(self, family: str) -> str:
         return self.configs.get(family, "")
 
     def to_json(self) -> dict:
-        return {"fusions": list(self.fusions), "configs": dict(sorted(self.configs.items())),
-                "cuda_graph": self.cuda_graph}
+        out = {"fusions": list(self.fusions), "configs": dict(sorted(self.configs.items())),
+               "cuda_graph": self.cuda_graph}
+        if self.pdl:  # written only when on: recipes from before the option stay byte-equal
+            out[PDL] = True
+        return out
 
 
 UNFUSED = Plan()

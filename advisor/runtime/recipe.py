@@ -11,7 +11,8 @@ Schema (schema_version 1)::
      "model": {"fingerprint": str, "source": str, "dtype": str, "batch": int, "phase": str},
      "environment": {"device": str, "capability": str|null, "torch": str, "triton": str, "advisor": str},
      "beyond_largest": "largest" | "unfused",
-     "buckets": [{"max_len": int, "plan": {"fusions": [str], "configs": {str: str}, "cuda_graph": bool},
+     "buckets": [{"max_len": int, "plan": {"fusions": [str], "configs": {str: str}, "cuda_graph": bool,
+                                           "pdl": bool (optional, default false)},
                   "measured": {"unfused_ms": float, "tuned_ms": float, "max_error": float,
                                "trials": int, "failures": {str: int}}}]}
 
@@ -32,7 +33,7 @@ from typing import Any
 
 from advisor.errors import RecipeError
 from advisor.kernels.space import decode
-from advisor.runtime.plan import FAMILIES, Plan
+from advisor.runtime.plan import FAMILIES, PDL, Plan
 
 SCHEMA_VERSION = 1
 BEYOND = ("largest", "unfused")
@@ -94,7 +95,7 @@ def _keys(obj: Any, path: str, required: set[str], optional: set[str] = frozense
 
 
 def _plan(obj: Any, path: str) -> Plan:
-    _keys(obj, path, {"fusions"}, {"configs", "cuda_graph"})
+    _keys(obj, path, {"fusions"}, {"configs", "cuda_graph", PDL})
     fusions = obj["fusions"]
     _expect(isinstance(fusions, list) and all(isinstance(f, str) for f in fusions),
             f"{path}.fusions", "expected a list of family names")
@@ -111,9 +112,10 @@ def _plan(obj: Any, path: str) -> Plan:
             raise RecipeError(f"invalid recipe at {path}.configs.{fam}: {exc}") from None
         for key, value in cfg.items():
             _expect(1 <= value <= 65536, f"{path}.configs.{fam}.{key}", f"value {value} out of range")
-    cuda_graph = obj.get("cuda_graph", False)
-    _expect(isinstance(cuda_graph, bool), f"{path}.cuda_graph", "expected true/false")
-    return Plan(fusions=tuple(fusions), configs=dict(configs), cuda_graph=cuda_graph)
+    flags = {key: obj.get(key, False) for key in ("cuda_graph", PDL)}
+    for key, value in flags.items():
+        _expect(isinstance(value, bool), f"{path}.{key}", "expected true/false")
+    return Plan(fusions=tuple(fusions), configs=dict(configs), **flags)
 
 
 def _measured(obj: Any, path: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ import optuna
 import torch
 from optuna.trial import FrozenTrial, TrialState
 
+from advisor.kernels._triton import pdl_supported
 from advisor.loader import (
     ModelFile,
     build,
@@ -306,7 +307,7 @@ def describe(ctx: Context, req: dict[str, Any], stage: Stage) -> dict[str, Any]:
     checked_forward(ctx.mf, ctx.model, inputs)  # a raising forward: one clear line (ERR)
     costs = costs_from(load_or_measure(ctx.device))
     space = describe_bucket(ctx.model, inputs, costs, req["length"], req["lower"],
-                            ctx.device.type == "cuda")
+                            ctx.device.type == "cuda", pdl_supported(ctx.device))
     release(ctx.device)
     with torch.no_grad():
         ms = median_ms(lambda: call(ctx.model, inputs), ctx.device, warmup_ms=req["warmup_ms"],

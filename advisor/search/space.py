@@ -12,6 +12,7 @@ Parameters of a trial (names are stable: resumed studies must see the same space
     <family>          True/False    one per applicable candidate family found at that length
     <family>.config   "" | "BLOCK_N=128,num_warps=1,..."   only when the family is on
     cuda_graph        True/False    CUDA only
+    pdl               True/False    CUDA sm_90+ (programmatic dependent launch)
 
 `describe_bucket` runs in a worker process (it captures the model); everything else here is
 plain data and runs anywhere.
@@ -23,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from advisor.runtime.plan import FAMILIES, UNTUNED_KERNELS, Plan
+from advisor.runtime.plan import CUDA_GRAPH, FAMILIES, PDL, UNTUNED_KERNELS, Plan
 
 DEFAULT_CONFIG = ""  # the kernel's heuristic default at each site
 
@@ -45,15 +46,21 @@ class BucketSpace:
     lower: int                          # previous bucket's bound (0 for the first)
     families: tuple[FamilySpace, ...]
     cuda_graph: bool = False
+    pdl: bool = False
+
+    def flags(self) -> tuple[str, ...]:
+        """The plan-wide on/off parameters this space offers."""
+        return tuple(name for name, on in ((CUDA_GRAPH, self.cuda_graph), (PDL, self.pdl)) if on)
 
     def to_json(self) -> dict[str, Any]:
         return {"length": self.length, "lower": self.lower, "cuda_graph": self.cuda_graph,
+                "pdl": self.pdl,
                 "families": [{**asdict(f), "configs": list(f.configs)} for f in self.families]}
 
     @staticmethod
     def from_json(obj: dict[str, Any]) -> BucketSpace:
         fams = tuple(FamilySpace(**{**f, "configs": tuple(f["configs"])}) for f in obj["families"])
-        return BucketSpace(obj["length"], obj["lower"], fams, obj["cuda_graph"])
+        return BucketSpace(obj["length"], obj["lower"], fams, obj["cuda_graph"], obj.get("pdl", False))
 
 
 def config_param(family: str) -> str:
@@ -68,8 +75,8 @@ def suggest(trial: Any, space: BucketSpace) -> Plan:
         if params[f.family] and len(f.configs) > 1:
             params[config_param(f.family)] = trial.suggest_categorical(
                 config_param(f.family), list(f.configs))
-    if space.cuda_graph:
-        params["cuda_graph"] = trial.suggest_categorical("cuda_graph", [True, False])
+    for flag in space.flags():
+        params[flag] = trial.suggest_categorical(flag, [True, False])
     return plan_from_params(params, space)
 
 
@@ -79,7 +86,8 @@ def plan_from_params(params: dict[str, Any], space: BucketSpace) -> Plan:
     on = sorted((f.family for f in space.families if params.get(f.family)), key=order.__getitem__)
     configs = {fam: params[config_param(fam)] for fam in on
                if params.get(config_param(fam), DEFAULT_CONFIG) != DEFAULT_CONFIG}
-    return Plan(fusions=tuple(on), configs=configs, cuda_graph=bool(params.get("cuda_graph")))
+    return Plan(fusions=tuple(on), configs=configs, cuda_graph=bool(params.get(CUDA_GRAPH)),
+                pdl=bool(params.get(PDL)))
 
 
 def plan_params(plan: Plan, space: BucketSpace) -> dict[str, Any]:
@@ -90,8 +98,8 @@ def plan_params(plan: Plan, space: BucketSpace) -> dict[str, Any]:
         if params[f.family] and len(f.configs) > 1:
             mine = plan.config_for(f.family)
             params[config_param(f.family)] = mine if mine in f.configs else DEFAULT_CONFIG
-    if space.cuda_graph:
-        params["cuda_graph"] = plan.cuda_graph
+    for flag in space.flags():
+        params[flag] = getattr(plan, flag)
     return params
 
 
@@ -175,7 +183,7 @@ def family_configs(kernel: str, matches: list[Any]) -> tuple[str, ...]:
 
 
 def describe_bucket(model: Any, inputs: Any, costs: Any, length: int, lower: int,
-                    cuda: bool) -> BucketSpace:
+                    cuda: bool, pdl: bool = False) -> BucketSpace:
     """Capture the model at `length`, price its candidates, and lay out the space."""
     from advisor.graph.candidates import candidates, matches_of
     from advisor.graph.capture import capture
@@ -189,4 +197,4 @@ def describe_bucket(model: Any, inputs: Any, costs: Any, length: int, lower: int
         fams.append(FamilySpace(c.family, str(c.kernel), c.count, float(c.predicted_saving_ms),
                                 family_configs(FAMILIES[c.family], mine)))
     fams.sort(key=lambda f: list(FAMILIES).index(f.family))
-    return BucketSpace(length, lower, tuple(fams), cuda_graph=cuda)
+    return BucketSpace(length, lower, tuple(fams), cuda_graph=cuda, pdl=pdl)
