@@ -11,9 +11,7 @@ Prefill (Tq > 16): grid (cdiv(Tq, BLOCK_M), B·Hq); each program walks the key b
 row sees whole without masks, then the diagonal/tail blocks with masks, and skips the rest.
 Decode (Tq <= 16): the Hq/Hkv q heads of a kv head share one M tile (k/v read once per kv
 head) and SPLITS programs each take a chunk of keys, writing partial (m, l, acc) to fp32
-scratch; a combine kernel returns Σ e^(m_s−M)·acc_s / Σ e^(m_s−M)·l_s. With a mask, each
-split first narrows its keys to those the mask leaves visible to some row, so the
-unwritten slots of a static KV cache (-inf for every row) cost no K/V reads.
+scratch; a combine kernel returns Σ e^(m_s−M)·acc_s / Σ e^(m_s−M)·l_s.
 
 HBM bytes, E = element size, S = B·Hq·Tq·D, K = B·Hkv·Tk·D, P = B·Hq·Tq·Tk:
     fused = (2·S + 2·K)·E + cos/sin + mask  (read q, k, v once; write out)
@@ -230,26 +228,6 @@ def _key_range(r0, lo, CHUNK, ROWS, TQ, TK, CAUSAL: tl.constexpr, BLOCK_M: tl.co
 
 
 @triton.jit
-def _live_keys(mask_base, mask_rows, row_ok, lo, full, hi, sm_j, BLOCK_N: tl.constexpr):
-    """(lo, full, hi) of `_key_range` shrunk to [first, last] key some row's additive mask
-    leaves finite: a static KV cache's unwritten slots are -inf for every row, and a split
-    that only holds those reads no K/V (empty range). One pass over the mask slice, before
-    the K/V loop: a skip test inside that loop stopped Triton pipelining its loads (H200,
-    8.5 -> 14.2 µs per layer at 2048)."""
-    first = hi
-    last = lo - 1
-    for start in range(lo, hi, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        mk = tl.load(mask_base + mask_rows[:, None] + n.to(tl.int64)[None, :] * sm_j,
-                     mask=row_ok[:, None] & (n < hi)[None, :], other=float("-inf"))
-        live = tl.max(mk.to(tl.float32), 0) > float("-inf")  # (BLOCK_N,)
-        first = tl.minimum(first, tl.min(tl.where(live, n, hi), 0))
-        last = tl.maximum(last, tl.max(tl.where(live, n, lo - 1), 0))
-    hi = tl.maximum(last + 1, first)  # nothing live: first = hi, an empty range
-    return first, first + tl.maximum(tl.minimum(full, hi) - first, 0) // BLOCK_N * BLOCK_N, hi
-
-
-@triton.jit
 def _attn_kernel(
     Q, K, V,  # (B, Hq, Tq, D), (B, Hkv, Tk, D), (B, Hkv, Tk, D); any strides
     COS, SIN,  # (Bc, Tk, R) contiguous tables (read iff R > 0)
@@ -264,7 +242,6 @@ def _attn_kernel(
     R: tl.constexpr,  # rotary dim (<= D, even); 0: no RoPE
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, INTERLEAVED: tl.constexpr,
     SPLIT: tl.constexpr, INTERP_BF16: tl.constexpr,
-    LIVE_RANGE: tl.constexpr,  # decode with a mask: skip keys it hides from every row
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     GDC: tl.constexpr,  # programmatic dependent launch (_triton.pdl_launch)
 ):
@@ -289,15 +266,13 @@ def _attn_kernel(
                    (i64 + off) * sc_t, D, R, INTERLEAVED, INTERP_BF16, BLOCK_D)
     lo, full, hi = _key_range(pid_m * BLOCK_M, split * CHUNK, CHUNK, PACK * TQ, TQ, TK,
                               CAUSAL, BLOCK_M, BLOCK_N)
-    mask_rows = b * sm_b + head * sm_h + i64 * sm_i
-    if LIVE_RANGE:
-        lo, full, hi = _live_keys(MASK, mask_rows, row_ok, lo, full, hi, sm_j, BLOCK_N)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     k_base = K + b * sk_b + kvh * sk_h
     v_base = V + b * sv_b + kvh * sv_h
+    mask_rows = b * sm_b + head * sm_h + i64 * sm_i
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, MASK, mask_rows, i,
                             row_ok, lo, full, off, sm_scale, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j,
                             D, R, CAUSAL, HAS_MASK, INTERLEAVED, False, INTERP_BF16,
@@ -347,7 +322,11 @@ def _combine_kernel(ACC, M_PART, L_PART, OUT, N_ROWS, D, SPLITS, INTERP_BF16: tl
 _ELT = {"torch.float32": 4, "torch.float16": 2, "torch.bfloat16": 2}
 SMEM_LIMIT = 200 * 1024  # bytes; H200 has 227 KB per SM, the rest is left to the compiler
 MAX_ACC_PER_THREAD = 64  # fp32 accumulator values (BLOCK_M·BLOCK_D) per thread
-_TARGET_PROGRAMS = 128  # default SPLITS aims at about one wave (~SM count of an H100/H200)
+# Decode: the default splits the keys until this many programs (~2 per SM of an H100/H200)
+# or one key block per split. H200 probe (benchmarks/attention_decode_probe.py, Llama-3-8B
+# heads, BLOCK_N 64, 2 stages): 1024 slots 6.6 µs at SPLITS 16 vs 11.4 at the old default
+# (4: >= 4 blocks per split, ~1 wave); 4096 slots 9.6 at 32 vs 12.3 at 16.
+_TARGET_PROGRAMS = 256
 
 
 def _block_d(d: int) -> int:
@@ -392,12 +371,13 @@ def _default(p: Problem) -> Config:
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": 3, "SPLITS": 1}
     while cfg["num_stages"] > 1 and _smem(cfg, p) > SMEM_LIMIT:
         cfg["num_stages"] -= 1
-    if p["tq"] <= DECODE_MAX_TQ:  # split the keys until ~one wave of programs
+    if p["tq"] <= DECODE_MAX_TQ:  # split the keys until ~2 programs per SM
         programs = p["batch"] * p["hkv"] * triton.cdiv(_rows(p), bm)
         blocks = triton.cdiv(p["tk"], bn)
-        while (cfg["SPLITS"] < 16 and 2 * cfg["SPLITS"] * programs <= _TARGET_PROGRAMS
-               and 2 * cfg["SPLITS"] * 4 <= blocks):  # >= 4 key blocks per split
+        while (cfg["SPLITS"] < 32 and 2 * cfg["SPLITS"] * programs <= _TARGET_PROGRAMS
+               and 2 * cfg["SPLITS"] <= blocks):  # >= 1 key block per split
             cfg["SPLITS"] *= 2
+        cfg["num_stages"] = min(cfg["num_stages"], 2)  # 2 beat 3 at every SPLITS probed
     return cfg
 
 
@@ -500,7 +480,6 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
     meta = {"R": rot, "CAUSAL": bool(causal), "HAS_MASK": m4 is not None,
             "INTERLEAVED": bool(interleaved) and rot > 0, "SPLIT": splits > 1,
             "INTERP_BF16": interpreting() and q.dtype == torch.bfloat16,
-            "LIVE_RANGE": m4 is not None and tq <= DECODE_MAX_TQ,
             "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": bn, "BLOCK_D": _block_d(d),
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if warmup:
