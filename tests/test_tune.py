@@ -27,7 +27,7 @@ from advisor.runtime.apply import apply
 from advisor.runtime.plan import UNFUSED, Plan
 from advisor.runtime.recipe import load_recipe
 from advisor.search import TuneOptions, tune
-from advisor.search.objective import TrialFailed, classify, verify_length
+from advisor.search.objective import TrialFailed, classify, plan_of, verify_length
 from advisor.search.space import BucketSpace, FamilySpace, plan_from_params, seed_params, suggest
 from advisor.search.study import Budget, Timed, choose, open_storage
 
@@ -196,6 +196,7 @@ def test_space_suggests_conditional_configs_and_seeds():
     assert suggest(FixedTrial({"rms_norm": False, "gated_act": False, "cuda_graph": True, "pdl": True}),
                    pdl) == Plan((), {}, True, True)
     assert BucketSpace.from_json(pdl.to_json()) == pdl
+    assert plan_of(mine_pdl.to_json()) == mine_pdl  # what a worker builds keeps every option
     old = {k: v for k, v in pdl.to_json().items() if k != "pdl"}
     assert BucketSpace.from_json(old).pdl is False
 

@@ -94,7 +94,9 @@ def _keys(obj: Any, path: str, required: set[str], optional: set[str] = frozense
     _expect(not unknown, path, f"unknown field(s) {sorted(unknown)}")
 
 
-def _plan(obj: Any, path: str) -> Plan:
+def plan_from_json(obj: Any, path: str = "$") -> Plan:
+    """A plan object (a recipe bucket's, a plan file's, a tune trial's), checked field by
+    field; a RecipeError names the JSON path of what is wrong."""
     _keys(obj, path, {"fusions"}, {"configs", "cuda_graph", PDL})
     fusions = obj["fusions"]
     _expect(isinstance(fusions, list) and all(isinstance(f, str) for f in fusions),
@@ -138,7 +140,7 @@ def recipe_from_json(obj: Any) -> Recipe:
     kind = obj.get("kind")
     if kind == "advisor.plan":
         body = {k: v for k, v in obj.items() if k not in ("schema_version", "kind")}
-        return Recipe.from_plan(_plan(body, "$"))
+        return Recipe.from_plan(plan_from_json(body, "$"))
     _expect(kind == "advisor.recipe", "$.kind", f"expected 'advisor.recipe' or 'advisor.plan', got {kind!r}")
     _keys(obj, "$", {"schema_version", "kind", "buckets"}, {"model", "environment", "beyond_largest"})
     for name in ("model", "environment"):
@@ -155,7 +157,7 @@ def recipe_from_json(obj: Any) -> Recipe:
         _expect(isinstance(m, int) and not isinstance(m, bool) and m >= 1, f"{p}.max_len",
                 "expected a positive integer")
         _expect(not buckets or m > buckets[-1].max_len, f"{p}.max_len", "buckets must be in increasing order")
-        buckets.append(Bucket(max_len=m, plan=_plan(b["plan"], f"{p}.plan"),
+        buckets.append(Bucket(max_len=m, plan=plan_from_json(b["plan"], f"{p}.plan"),
                               measured=_measured(b.get("measured", {}), f"{p}.measured")))
     return Recipe(buckets=tuple(buckets), model=dict(obj.get("model", {})),
                   environment=dict(obj.get("environment", {})), beyond_largest=beyond)

@@ -46,6 +46,7 @@ from advisor.loader import (
     load_model_file,
 )
 from advisor.runtime.plan import Plan
+from advisor.runtime.recipe import plan_from_json
 from advisor.search.space import BucketSpace, suggest
 from advisor.state import Snapshot
 from advisor.verify import fp32_copy, judge, needs_truth
@@ -235,7 +236,8 @@ def release(device: torch.device) -> None:
 
 
 def plan_of(obj: dict[str, Any]) -> Plan:
-    return Plan(tuple(obj["fusions"]), dict(obj.get("configs", {})), bool(obj.get("cuda_graph")))
+    """A trial's plan from its JSON (`Plan.to_json`), every plan option included."""
+    return plan_from_json(obj, "$.plan")
 
 
 def run_trial(ctx: Context, req: dict[str, Any], stage: Stage) -> dict[str, Any]:
