@@ -127,6 +127,15 @@ def main() -> None:
     if args.kernels:
         specs = {k: specs[k] for k in args.kernels.split(",")}
     rows, failures = [], []
+
+    def save() -> Path:  # after every row: a run cut by its time limit keeps what it measured
+        payload = header(dev, dtype="bfloat16", tokens=tokens,
+                         timing="do_bench_cudagraph median (device time; do_bench median where capture fails)")
+        payload.update(ceilings={"copy_gbps": ceilings.copy_gbps, "matmul_tflops": ceilings.matmul_tflops,
+                                 "launch_us": ceilings.launch_us, "graph_launch_us": ceilings.graph_launch_us},
+                       rows=rows, failures=failures)
+        return write("kernels.json", payload)
+
     for name, spec in specs.items():
         compiled = torch.compile(spec.unfused_ops(), dynamic=False)
         for t in tokens:
@@ -136,17 +145,14 @@ def main() -> None:
                 rows.append(row)
                 print(f"{name:16s} {t:5d} tok  eager {row['eager_ms']*1e3:8.1f}us  compile "
                       f"{row['compile_ms']*1e3:8.1f}us  ours {row['best_ms']*1e3:8.1f}us "
-                      f"({row['best_gbps']:6.0f} GB/s, {100*row['frac_of_copy_bw']:3.0f}% of copy)", flush=True)
+                      f"({row['best_gbps']:6.0f} GB/s, {100*row['frac_of_copy_bw']:3.0f}% of copy) "
+                      f"best {row['best_config']} of {row['configs_tried']}", flush=True)
             except Exception as exc:
                 failures.append({"kernel": name, "tokens": t, "error": f"{type(exc).__name__}: {exc}"[:500]})
                 print(f"{name:16s} {t:5d} FAILED {failures[-1]['error']}", flush=True)
+            save()
         torch._dynamo.reset()
-    payload = header(dev, dtype="bfloat16", tokens=tokens,
-                     timing="do_bench_cudagraph median (device time; do_bench median where capture fails)")
-    payload.update(ceilings={"copy_gbps": ceilings.copy_gbps, "matmul_tflops": ceilings.matmul_tflops,
-                             "launch_us": ceilings.launch_us, "graph_launch_us": ceilings.graph_launch_us},
-                   rows=rows, failures=failures)
-    print("wrote", write("kernels.json", payload))
+    print("wrote", save())
 
 
 if __name__ == "__main__":
