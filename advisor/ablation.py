@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from advisor.runtime.plan import CUDA_GRAPH, PDL, Plan
+from advisor.runtime.plan import PLAN_FLAGS, Plan
 
 
 def leave_one_out(plan: Plan) -> list[tuple[str, Plan]]:
@@ -29,7 +29,7 @@ def leave_one_out(plan: Plan) -> list[tuple[str, Plan]]:
         rest = tuple(f for f in plan.fusions if f != family)
         configs = {k: v for k, v in plan.configs.items() if k != family}
         out.append((family, replace(plan, fusions=rest, configs=configs)))
-    for flag in (CUDA_GRAPH, PDL):
+    for flag in PLAN_FLAGS:
         if getattr(plan, flag):
             out.append((flag, replace(plan, **{flag: False})))
     return out

@@ -52,9 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from advisor.runtime.plan import CUDA_GRAPH, PDL
-
-PLAN_FLAGS = (CUDA_GRAPH, PDL)  # plan-wide switches, not fusion families
+from advisor.runtime.plan import CUDA_GRAPH, PLAN_FLAGS
 
 CONFIG_SUFFIX = ".config"
 PAIRED, LSTSQ = "paired", "least squares"

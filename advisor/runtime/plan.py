@@ -38,6 +38,8 @@ CUDA_GRAPH = "cuda_graph"
 # The plan key (and tune parameter, ablation row) for programmatic dependent launch of our
 # kernels (CUDA sm_90+; advisor/kernels/_triton.py `programmatic_launch`).
 PDL = "pdl"
+# Plan-wide on/off switches (Plan fields of these names), as opposed to fusion families.
+PLAN_FLAGS = (CUDA_GRAPH, PDL)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from typing import Any
 
 from advisor.errors import RecipeError
 from advisor.kernels.space import decode
-from advisor.runtime.plan import FAMILIES, PDL, Plan
+from advisor.runtime.plan import FAMILIES, PLAN_FLAGS, Plan
 
 SCHEMA_VERSION = 1
 BEYOND = ("largest", "unfused")
@@ -97,7 +97,7 @@ def _keys(obj: Any, path: str, required: set[str], optional: set[str] = frozense
 def plan_from_json(obj: Any, path: str = "$") -> Plan:
     """A plan object (a recipe bucket's, a plan file's, a tune trial's), checked field by
     field; a RecipeError names the JSON path of what is wrong."""
-    _keys(obj, path, {"fusions"}, {"configs", "cuda_graph", PDL})
+    _keys(obj, path, {"fusions"}, {"configs", *PLAN_FLAGS})
     fusions = obj["fusions"]
     _expect(isinstance(fusions, list) and all(isinstance(f, str) for f in fusions),
             f"{path}.fusions", "expected a list of family names")
@@ -114,7 +114,7 @@ def plan_from_json(obj: Any, path: str = "$") -> Plan:
             raise RecipeError(f"invalid recipe at {path}.configs.{fam}: {exc}") from None
         for key, value in cfg.items():
             _expect(1 <= value <= 65536, f"{path}.configs.{fam}.{key}", f"value {value} out of range")
-    flags = {key: obj.get(key, False) for key in ("cuda_graph", PDL)}
+    flags = {key: obj.get(key, False) for key in PLAN_FLAGS}
     for key, value in flags.items():
         _expect(isinstance(value, bool), f"{path}.{key}", "expected true/false")
     return Plan(fusions=tuple(fusions), configs=dict(configs), **flags)

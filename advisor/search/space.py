@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from advisor.runtime.plan import CUDA_GRAPH, FAMILIES, PDL, UNTUNED_KERNELS, Plan
+from advisor.runtime.plan import CUDA_GRAPH, FAMILIES, PDL, PLAN_FLAGS, UNTUNED_KERNELS, Plan
 
 DEFAULT_CONFIG = ""  # the kernel's heuristic default at each site
 
@@ -50,7 +50,7 @@ class BucketSpace:
 
     def flags(self) -> tuple[str, ...]:
         """The plan-wide on/off parameters this space offers."""
-        return tuple(name for name, on in ((CUDA_GRAPH, self.cuda_graph), (PDL, self.pdl)) if on)
+        return tuple(name for name in PLAN_FLAGS if getattr(self, name))
 
     def to_json(self) -> dict[str, Any]:
         return {"length": self.length, "lower": self.lower, "cuda_graph": self.cuda_graph,
