@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from advisor.runtime.plan import CUDA_GRAPH, FAMILIES, PDL, PLAN_FLAGS, UNTUNED_KERNELS, Plan
+from advisor.runtime.plan import FAMILIES, PLAN_FLAGS, UNTUNED_KERNELS, Plan
 
 DEFAULT_CONFIG = ""  # the kernel's heuristic default at each site
 
@@ -86,8 +86,7 @@ def plan_from_params(params: dict[str, Any], space: BucketSpace) -> Plan:
     on = sorted((f.family for f in space.families if params.get(f.family)), key=order.__getitem__)
     configs = {fam: params[config_param(fam)] for fam in on
                if params.get(config_param(fam), DEFAULT_CONFIG) != DEFAULT_CONFIG}
-    return Plan(fusions=tuple(on), configs=configs, cuda_graph=bool(params.get(CUDA_GRAPH)),
-                pdl=bool(params.get(PDL)))
+    return Plan(fusions=tuple(on), configs=configs, **{f: bool(params.get(f)) for f in PLAN_FLAGS})
 
 
 def plan_params(plan: Plan, space: BucketSpace) -> dict[str, Any]:
