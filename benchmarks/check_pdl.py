@@ -1,14 +1,17 @@
-"""GPU check and timing of programmatic dependent launch (PDL) on a decode-shaped chain.
+"""GPU check and timing of programmatic dependent launch (PDL) and of the o_proj L2
+prefetch on a decode-shaped chain.
 
 Four Llama-3-8B decoder layers at one token, built from our kernels only (bf16): norm +
 QKV GEMV, decode attention over a half-written static cache (split + combine), o_proj
 GEMV + residual (split-K + epilogue), norm + gate/up GEMV, SwiGLU, down_proj GEMV +
 residual — 40 kernels where each reads what the one before wrote. The chain is captured
-in a CUDA graph twice, without and with `programmatic_launch(True)`; each graph is
-replayed with fresh inputs copied in, and every PDL replay must equal the plain replay
-bit for bit (the same kernels in the same order: any difference is a read that ran ahead
-of its producer). Then both graphs are timed (median of CUDA-event timed replays over
-rotating weights: no L2 reuse between replays).
+in a CUDA graph per variant: without and with `programmatic_launch(True)`, each without
+and with an L2 prefetch of o_proj's weight right after the QKV GEMV (`kernels/prefetch.py`,
+bulk and per-line requests). Each graph is replayed with fresh inputs copied in, and every
+replay must equal the plain one bit for bit (the same kernels in the same order: any
+difference is a read that ran ahead of its producer; a prefetch is only a hint). Then the
+graphs are timed (median of CUDA-event timed replays over rotating weights: no L2 reuse
+between replays), and the prefetch kernel alone (is it fire-and-forget?).
 
     python benchmarks/check_pdl.py        # writes pdl-check.json under $OUT
 """
@@ -25,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.kernels import attention, gated_act, gemm  # noqa: E402
 from advisor.kernels._triton import pdl_supported, programmatic_launch  # noqa: E402
+from advisor.kernels.prefetch import l2_bytes, launch_l2_prefetch  # noqa: E402
 from benchmarks.common import header, write  # noqa: E402
 
 HIDDEN, INTER, HQ, HKV, D = 4096, 14336, 32, 8, 128
@@ -43,10 +47,17 @@ def _layer(dev, dtype, gen):
             "k": r(1, HKV, SLOTS, D), "v": r(1, HKV, SLOTS, D)}
 
 
-def _step(h, layers, mask):
+# Chain variants: (name, pdl, prefetch) with prefetch None / "bulk" / "line".
+VARIANTS = (("plain", False, None), ("pdl", True, None), ("prefetch_bulk", False, "bulk"),
+            ("pdl_prefetch_bulk", True, "bulk"), ("pdl_prefetch_line", True, "line"))
+
+
+def _step(h, layers, mask, prefetch=None):
     """One token through the layers; h (1, HIDDEN). The cache is read, not written."""
     for p in layers:
         qkv = gemm.launch_gemm_rmsnorm(h, p["g1"], p["w_qkv"], 1e-5)  # (1, 6144)
+        if prefetch:  # o_proj's weight streams into L2 under RoPE/attention/combine
+            launch_l2_prefetch(p["w_o"], bulk=prefetch == "bulk")
         q = qkv[:, : HQ * D].view(1, HQ, 1, D)
         a = attention.launch_attention(q, p["k"], p["v"], mask=mask)  # (1, HQ, 1, D)
         h = gemm.launch_gemm_epilogue(a.view(1, HQ * D), p["w_o"], None, h, "none")
@@ -80,6 +91,14 @@ def _time_us(graph, reps=200) -> float:
     return statistics.median(times)
 
 
+def _prefetch_alone_us(layers, bulk: bool) -> float:
+    """A graph of one prefetch per layer's o_proj weight (33.5 MB each), timed: about a
+    launch each if the requests are fire-and-forget, ~8 µs each if they are waited on."""
+    graph, _ = _capture(lambda: [launch_l2_prefetch(p["w_o"], bulk=bulk) for p in layers], False)
+    graph.replay()
+    return _time_us(graph, reps=100)
+
+
 def main() -> None:
     dev, dtype = torch.device("cuda"), torch.bfloat16
     if not pdl_supported(dev):
@@ -92,39 +111,44 @@ def main() -> None:
     mask[..., : CONTEXT + 1] = 0.0
     x = torch.randn(1, HIDDEN, generator=gen, device=dev).to(dtype)
     graphs = {}
-    for pdl in (False, True):
+    for name, pdl, prefetch in VARIANTS:
         for i, layers in enumerate(sets):
-            graphs[(pdl, i)] = _capture(lambda layers=layers: _step(x, layers, mask), pdl)
-    # Correctness: fresh x each round; the PDL replay equals the plain one bit for bit.
-    x0, mismatches, rounds = x.clone(), 0, 30
+            graphs[(name, i)] = _capture(
+                lambda layers=layers, prefetch=prefetch: _step(x, layers, mask, prefetch), pdl)
+    # Correctness: fresh x each round; every variant equals the plain replay bit for bit.
+    x0, rounds = x.clone(), 30
+    mismatches = {name: 0 for name, _, _ in VARIANTS}
     for i in range(rounds):
         x.copy_(x0 * (1 + 0.01 * i))
         results = {}
-        for pdl in (False, True):
-            graph, out = graphs[(pdl, i % 2)]
+        for name, _, _ in VARIANTS:
+            graph, out = graphs[(name, i % 2)]
             graph.replay()
-            results[pdl] = out.clone()
-        mismatches += not torch.equal(results[False], results[True])
+            results[name] = out.clone()
+        for name in mismatches:
+            mismatches[name] += not torch.equal(results["plain"], results[name])
     torch.cuda.synchronize()
     eager = _step(x, sets[(rounds - 1) % 2], mask)  # no graph, no PDL: the same numbers
-    eager_equal = torch.equal(eager, results[False])
+    eager_equal = torch.equal(eager, results["plain"])
     timing = {}
-    for pdl in (False, True):
+    for name, _, _ in VARIANTS:
         for _ in range(3):  # warm
             for i in range(2):
-                graphs[(pdl, i)][0].replay()
+                graphs[(name, i)][0].replay()
         torch.cuda.synchronize()
-        timing["pdl" if pdl else "plain"] = statistics.median(
-            _time_us(graphs[(pdl, i)][0], reps=100) for i in (0, 1, 0, 1))
+        timing[name] = statistics.median(_time_us(graphs[(name, i)][0], reps=100) for i in (0, 1, 0, 1))
     kernels = 10 * LAYERS
     row = {"layers": LAYERS, "kernels": kernels, "rounds": rounds, "mismatches": mismatches,
-           "eager_equals_graph": eager_equal, "plain_us": timing["plain"], "pdl_us": timing["pdl"],
-           "saved_us_per_kernel": (timing["plain"] - timing["pdl"]) / kernels}
-    print(f"PDL chain ({LAYERS} layers, {kernels} kernels): plain {timing['plain']:.1f} us, "
-          f"pdl {timing['pdl']:.1f} us ({row['saved_us_per_kernel']:.2f} us/kernel); "
-          f"{mismatches}/{rounds} replays differ; eager == graph: {eager_equal}", flush=True)
+           "eager_equals_graph": eager_equal, "us": timing, "l2_bytes": l2_bytes(dev),
+           "saved_us_per_kernel": (timing["plain"] - timing["pdl"]) / kernels,
+           "prefetch_alone_us": {"bulk": _prefetch_alone_us(sets[0], True),
+                                 "line": _prefetch_alone_us(sets[0], False)}}
+    print(f"decode chain ({LAYERS} layers, {kernels} kernels): "
+          + ", ".join(f"{k} {v:.1f} us" for k, v in timing.items())
+          + f"; PDL saves {row['saved_us_per_kernel']:.2f} us/kernel; replays differing: {mismatches}; "
+          f"eager == graph: {eager_equal}; {LAYERS} prefetches alone: {row['prefetch_alone_us']}", flush=True)
     write("pdl-check.json", {**header(dev, dtype=str(dtype), context=CONTEXT, slots=SLOTS), **row})
-    sys.exit(1 if mismatches or not eager_equal else 0)
+    sys.exit(1 if any(mismatches.values()) or not eager_equal else 0)
 
 
 if __name__ == "__main__":
