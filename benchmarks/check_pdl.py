@@ -1,17 +1,17 @@
-"""GPU check and timing of programmatic dependent launch (PDL) and of the o_proj L2
-prefetch on a decode-shaped chain.
+"""GPU check and timing of programmatic dependent launch (PDL) and of the GEMV's L2
+look-ahead on a decode-shaped chain.
 
 Four Llama-3-8B decoder layers at one token, built from our kernels only (bf16): norm +
 QKV GEMV, decode attention over a half-written static cache (split + combine), o_proj
 GEMV + residual (split-K + epilogue), norm + gate/up GEMV, SwiGLU, down_proj GEMV +
 residual — 40 kernels where each reads what the one before wrote. The chain is captured
-in a CUDA graph per variant: without and with `programmatic_launch(True)`, each without
-and with an L2 prefetch of o_proj's weight right after the QKV GEMV (`kernels/prefetch.py`,
-bulk and per-line requests). Each graph is replayed with fresh inputs copied in, and every
+in a CUDA graph per variant: without and with `programmatic_launch(True)`, and under PDL
+with each GEMV requesting its next L2_AHEAD K-steps of weights into L2 before its wait
+(`gemm.GEMV_L2_AHEAD`). Each graph is replayed with fresh inputs copied in, and every
 replay must equal the plain one bit for bit (the same kernels in the same order: any
 difference is a read that ran ahead of its producer; a prefetch is only a hint). Then the
 graphs are timed (median of CUDA-event timed replays over rotating weights: no L2 reuse
-between replays), and the prefetch kernel alone (is it fire-and-forget?).
+between replays).
 
     python benchmarks/check_pdl.py        # writes pdl-check.json under $OUT
 """
@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.kernels import attention, gated_act, gemm  # noqa: E402
 from advisor.kernels._triton import pdl_supported, programmatic_launch  # noqa: E402
-from advisor.kernels.prefetch import l2_bytes, launch_l2_prefetch  # noqa: E402
 from benchmarks.common import header, write  # noqa: E402
 
 HIDDEN, INTER, HQ, HKV, D = 4096, 14336, 32, 8, 128
@@ -47,17 +46,15 @@ def _layer(dev, dtype, gen):
             "k": r(1, HKV, SLOTS, D), "v": r(1, HKV, SLOTS, D)}
 
 
-# Chain variants: (name, pdl, prefetch) with prefetch None / "bulk" / "line".
-VARIANTS = (("plain", False, None), ("pdl", True, None), ("prefetch_bulk", False, "bulk"),
-            ("pdl_prefetch_bulk", True, "bulk"), ("pdl_prefetch_line", True, "line"))
+# Chain variants: (name, pdl, gemm.GEMV_L2_AHEAD while capturing).
+VARIANTS = (("plain", False, 0), ("pdl", True, 0), ("pdl_l2_ahead_1", True, 1),
+            ("pdl_l2_ahead_3", True, 3), ("pdl_l2_ahead_7", True, 7))
 
 
-def _step(h, layers, mask, prefetch=None):
+def _step(h, layers, mask):
     """One token through the layers; h (1, HIDDEN). The cache is read, not written."""
     for p in layers:
         qkv = gemm.launch_gemm_rmsnorm(h, p["g1"], p["w_qkv"], 1e-5)  # (1, 6144)
-        if prefetch:  # o_proj's weight streams into L2 under RoPE/attention/combine
-            launch_l2_prefetch(p["w_o"], bulk=prefetch == "bulk")
         q = qkv[:, : HQ * D].view(1, HQ, 1, D)
         a = attention.launch_attention(q, p["k"], p["v"], mask=mask)  # (1, HQ, 1, D)
         h = gemm.launch_gemm_epilogue(a.view(1, HQ * D), p["w_o"], None, h, "none")
@@ -67,7 +64,8 @@ def _step(h, layers, mask, prefetch=None):
     return h
 
 
-def _capture(fn, pdl: bool):
+def _capture(fn, pdl: bool, l2_ahead: int = 0):
+    gemm.GEMV_L2_AHEAD = l2_ahead  # read at launch: baked into the captured kernels
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s), programmatic_launch(pdl):
@@ -76,6 +74,7 @@ def _capture(fn, pdl: bool):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), programmatic_launch(pdl):
         out = fn()
+    gemm.GEMV_L2_AHEAD = 0
     return graph, out
 
 
@@ -91,14 +90,6 @@ def _time_us(graph, reps=200) -> float:
     return statistics.median(times)
 
 
-def _prefetch_alone_us(layers, bulk: bool) -> float:
-    """A graph of one prefetch per layer's o_proj weight (33.5 MB each), timed: about a
-    launch each if the requests are fire-and-forget, ~8 µs each if they are waited on."""
-    graph, _ = _capture(lambda: [launch_l2_prefetch(p["w_o"], bulk=bulk) for p in layers], False)
-    graph.replay()
-    return _time_us(graph, reps=100)
-
-
 def main() -> None:
     dev, dtype = torch.device("cuda"), torch.bfloat16
     if not pdl_supported(dev):
@@ -111,10 +102,9 @@ def main() -> None:
     mask[..., : CONTEXT + 1] = 0.0
     x = torch.randn(1, HIDDEN, generator=gen, device=dev).to(dtype)
     graphs = {}
-    for name, pdl, prefetch in VARIANTS:
+    for name, pdl, l2_ahead in VARIANTS:
         for i, layers in enumerate(sets):
-            graphs[(name, i)] = _capture(
-                lambda layers=layers, prefetch=prefetch: _step(x, layers, mask, prefetch), pdl)
+            graphs[(name, i)] = _capture(lambda layers=layers: _step(x, layers, mask), pdl, l2_ahead)
     # Correctness: fresh x each round; every variant equals the plain replay bit for bit.
     x0, rounds = x.clone(), 30
     mismatches = {name: 0 for name, _, _ in VARIANTS}
@@ -139,14 +129,12 @@ def main() -> None:
         timing[name] = statistics.median(_time_us(graphs[(name, i)][0], reps=100) for i in (0, 1, 0, 1))
     kernels = 10 * LAYERS
     row = {"layers": LAYERS, "kernels": kernels, "rounds": rounds, "mismatches": mismatches,
-           "eager_equals_graph": eager_equal, "us": timing, "l2_bytes": l2_bytes(dev),
-           "saved_us_per_kernel": (timing["plain"] - timing["pdl"]) / kernels,
-           "prefetch_alone_us": {"bulk": _prefetch_alone_us(sets[0], True),
-                                 "line": _prefetch_alone_us(sets[0], False)}}
+           "eager_equals_graph": eager_equal, "us": timing,
+           "saved_us_per_kernel": (timing["plain"] - timing["pdl"]) / kernels}
     print(f"decode chain ({LAYERS} layers, {kernels} kernels): "
           + ", ".join(f"{k} {v:.1f} us" for k, v in timing.items())
           + f"; PDL saves {row['saved_us_per_kernel']:.2f} us/kernel; replays differing: {mismatches}; "
-          f"eager == graph: {eager_equal}; {LAYERS} prefetches alone: {row['prefetch_alone_us']}", flush=True)
+          f"eager == graph: {eager_equal}", flush=True)
     write("pdl-check.json", {**header(dev, dtype=str(dtype), context=CONTEXT, slots=SLOTS), **row})
     sys.exit(1 if any(mismatches.values()) or not eager_equal else 0)
 
