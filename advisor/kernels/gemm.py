@@ -301,18 +301,6 @@ def _gemv_w(w_rows, kk, K, N, stride_wn, stride_wk, GATED: tl.constexpr, MASKED:
 
 
 @triton.jit
-def _l2_prefetch_rows(row_ptrs, nbytes):
-    """Ask L2 for `nbytes` (a multiple of 16; none if <= 0) from each pointer of row_ptrs,
-    without waiting: sm_90's bulk prefetch, one request per W row, served by the copy
-    engine while the program goes on (to its `gdc_enter`)."""
-    sizes = tl.zeros(row_ptrs.shape, dtype=tl.int32) + nbytes
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [row_ptrs, sizes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _gemv_update(acc, up, sq, a, b, bu, G, kk, K, weight_offset, NORM: tl.constexpr,
                  GATED: tl.constexpr, SPLIT_K: tl.constexpr, ONE_ROW: tl.constexpr):
     """One K-step: Σx² (NORM, unsplit K), x·diag(g + offset) (NORM), acc (and up) += x·Wᵀ."""
@@ -335,14 +323,11 @@ def _gemv_kernel(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     NORM: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PREFETCH: tl.constexpr, GDC: tl.constexpr, L2_AHEAD: tl.constexpr = 0, W_BYTES: tl.constexpr = 2,
+    PREFETCH: tl.constexpr, GDC: tl.constexpr,
 ):
     """Program (n-tile, s): output columns [n·BN, +BN) of all M rows, K-slice s.
     PREFETCH: the first K-step's W tile is loaded before `gdc_enter` (under PDL, while the
-    previous kernel still runs: W is a parameter), the loop takes the rest. L2_AHEAD > 0
-    (sm_90, 16-byte aligned W rows): the next L2_AHEAD K-steps of this program's W rows are
-    requested into L2 before the wait too, so the previous kernel's tail overlaps more of
-    this one's weight stream than one register tile."""
+    previous kernel still runs: W is a parameter), the loop takes the rest."""
     ONE_ROW: tl.constexpr = BLOCK_M == 1
     rows = tl.arange(0, BLOCK_M)  # (BM,)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
@@ -361,12 +346,6 @@ def _gemv_kernel(
     if PREFETCH:  # masked: a K slice may be empty (k_lo >= K)
         kk = k_lo + tl.arange(0, BLOCK_K)
         b, bu = _gemv_w(w_rows, kk, K, N, stride_wn, stride_wk, GATED, True)
-        if L2_AHEAD > 0:  # bytes of K-steps 2..1+L2_AHEAD of the slice, whole 16-byte units
-            ahead = tl.minimum(k_lo + (1 + L2_AHEAD) * BLOCK_K, k_hi) - (k_lo + BLOCK_K)
-            nbytes = ahead * W_BYTES // 16 * 16
-            _l2_prefetch_rows(w_rows + (k_lo + BLOCK_K) * stride_wk, nbytes)
-            if GATED:
-                _l2_prefetch_rows(w_rows + N * stride_wn + (k_lo + BLOCK_K) * stride_wk, nbytes)
         gdc_enter(GDC)
         a = _gemv_x(x_rows, kk, K, row_ok, stride_xk, True)
         acc, up, sq = _gemv_update(acc, up, sq, a, b, bu, G, kk, K, weight_offset, NORM, GATED,
@@ -489,9 +468,6 @@ def _menu(problem: Problem) -> dict[str, tuple[int, ...]]:
 # Tests set this to run the GEMV's PDL code path (first W tile peeled off the K loop)
 # where PDL itself cannot run (the interpreter).
 PREFETCH_WITHOUT_PDL = False
-# Under PDL on sm_90: K-steps past the first whose W bytes each GEMV program requests into
-# L2 before its wait (0: off). Benchmarks set it; see _gemv_kernel's L2_AHEAD.
-GEMV_L2_AHEAD = 0
 GEMV_MAX_M = 4  # rows of x the GEMV path holds in one program (all of them)
 GEMV_PER_THREAD = (16, 64)  # fp32 products per thread per K-step (BM·BN·BK / threads): enough
 #                             bytes in flight per load, few enough registers for occupancy
@@ -690,15 +666,11 @@ def _run_gemv(x2, w, b, r2, y, partials, p_strides, cfg: Config, norm, flags: di
     (m, k), n, split = x2.shape, y.shape[1], cfg["SPLIT_K"]
     g, eps, offset = (y, 0.0, 0.0) if norm is None else (norm[0].contiguous(), float(norm[1]), float(norm[2]))
     pdl = pdl_launch(x2)
-    elt = w.element_size()
-    l2_ahead = (GEMV_L2_AHEAD if pdl["GDC"] and w.stride(1) == 1 and w.data_ptr() % 16 == 0
-                and w.stride(0) * elt % 16 == 0 and cfg["BLOCK_K"] * elt % 16 == 0 else 0)
     compiled = _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), split)](
         x2, w, g, b, r2, y, partials, m, n, k, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1),
         r2.stride(0), y.stride(0), *p_strides, eps, offset, NORM=norm is not None,
         EVEN_K=k % cfg["BLOCK_K"] == 0, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"], SPLIT_K=split, PREFETCH=pdl["GDC"] or PREFETCH_WITHOUT_PDL,
-        L2_AHEAD=l2_ahead, W_BYTES=elt,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl, **flags)
     if split > 1:
         _splitk_epilogue_kernel[(1, triton.cdiv(n, 128))](
