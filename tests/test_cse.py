@@ -113,3 +113,23 @@ def test_two_outputs_that_view_equal_values_keep_separate_storage():
     eliminate_common_subexpressions(gm)
     o1, o2 = gm(torch.randn(2, 2))
     assert o1.data_ptr() != o2.data_ptr()
+
+
+def test_times_one_and_integer_plus_zero_are_their_input():
+    def f(x, i, cache):
+        scaled = x * 1.0  # RoPE tables times an attention scaling of 1.0: x itself
+        shifted = i + 0  # integer + 0: i itself
+        kept_zero = x + 0.0  # float: -0.0 + 0.0 = +0.0, not x
+        promoted = i * 1.0  # int64 -> float32: a new value
+        before = cache * 1  # cache is written below: the copy must stay
+        cache.add_(1.0)
+        return scaled.sin(), shifted * 3, kept_zero, promoted, before + cache
+
+    x = torch.tensor([-0.0, 1.5, 2.0])
+    gm, removed, expected, got = _run(f, x, torch.arange(3), torch.randn(3))
+    assert removed == 2
+    # left: i * 1.0, cache * 1, i * 3; x + 0.0, before + cache
+    assert _count(gm, aten.mul.Tensor) == 3 and _count(gm, aten.add.Tensor) == 2
+    for w, g in zip(expected, got):
+        assert torch.equal(w, g) and w.dtype == g.dtype
+    assert torch.equal(torch.signbit(got[2]), torch.signbit(x + 0.0))

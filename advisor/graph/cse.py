@@ -7,7 +7,9 @@ cache position. Captured as aten ops, that is ~5 launches per layer for values c
 once — at a 2048-token context on the H200 about 50 µs of a 1.5 ms decode step
 (benchmarks/NOTES.md, session 6). Inductor removes them with its own CSE; our runtime runs
 the aten graph as it is, so this pass does it: an op with the same target, arguments and
-keyword arguments as an earlier one is replaced by it.
+keyword arguments as an earlier one is replaced by it. So is an op that returns its own
+input: `x * 1` (transformers' RoPE tables times an attention scaling of 1.0) and, on
+integers, `x + 0` (the mask's `arange + 0`) — a launch each per step for a copy.
 
 Only ops whose schema says they are functional are merged: no argument written, not
 random (`nondeterministic_seeded`). Mutations are honoured: an in-place op (or a custom op
@@ -114,6 +116,33 @@ def _is_pure(node: fx.Node) -> bool:
     return not (torch.Tag.nondeterministic_seeded in node.target.tags or node.target._schema.is_mutable)
 
 
+_TIMES_ONE = {torch.ops.aten.mul.Tensor, torch.ops.aten.mul.Scalar}
+_PLUS_ZERO = {torch.ops.aten.add.Tensor, torch.ops.aten.add.Scalar,
+              torch.ops.aten.sub.Tensor, torch.ops.aten.sub.Scalar}
+
+
+def _identity_input(node: fx.Node) -> fx.Node | None:
+    """x when `node` computes x * 1, 1 * x, or x + 0 / x - 0 on an integer x, with x's dtype
+    and shape (no promotion, no broadcast): a copy of x. Float `x + 0` is not one
+    (-0.0 + 0 = +0.0)."""
+    if node.op != "call_function" or node.target not in _TIMES_ONE | _PLUS_ZERO or len(node.args) != 2:
+        return None
+    if node.kwargs.get("alpha", 1) != 1:
+        return None
+    pairs = [node.args] if node.target in _PLUS_ZERO else [node.args, node.args[::-1]]
+    for x, c in pairs:
+        if not isinstance(x, fx.Node) or isinstance(c, bool) or not isinstance(c, (int, float)):
+            continue
+        tx, ty = x.meta.get("val"), node.meta.get("val")
+        if not (isinstance(tx, torch.Tensor) and isinstance(ty, torch.Tensor)
+                and tx.dtype == ty.dtype and tx.shape == ty.shape):
+            continue
+        if (node.target in _TIMES_ONE and c == 1) or (c == 0 and not tx.dtype.is_floating_point
+                                                     and not tx.dtype.is_complex):
+            return x
+    return None
+
+
 def _key(value: Any) -> Any:
     """A hashable stand-in for an argument; floats by their bits (0.0 ≠ -0.0, NaN = NaN)."""
     if isinstance(value, fx.Node):
@@ -160,6 +189,12 @@ def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
                 del seen[key], reads[key]
             continue
         if not _is_pure(node) or base[node] in escaping or base[node] in ever_written:
+            continue
+        same = _identity_input(node)
+        if same is not None and base.get(same, same) not in ever_written:  # x is x all along
+            node.replace_all_uses_with(same)
+            graph.erase_node(node)
+            removed += 1
             continue
         try:
             key = (node.target, _key(node.args), _key(dict(node.kwargs)))

@@ -82,12 +82,23 @@ def reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 def reference_cache(q, k, v, cos, sin, k_cache, v_cache, cache_position,
                     interleaved: bool = False) -> torch.Tensor:
     """`reference` + HF StaticCache.update: cache[:, :, cache_position[t]] = k/v[:, :, t]
-    (in place). Returns the rotated q; the rotated k lives only in k_cache."""
+    (in place). Returns the rotated q; the rotated k lives only in k_cache. A one-element
+    cache_position is the first of T consecutive slots (see `slots`)."""
     qo, ko = reference(q, k, cos, sin, interleaved)
-    pos = cache_position.long()  # index_copy_ wants int64; the kernel also takes int32
+    pos = slots(cache_position, k.shape[2])
     k_cache.index_copy_(2, pos, ko.to(k_cache.dtype))
     v_cache.index_copy_(2, pos, v.to(v_cache.dtype))
     return qo
+
+
+def slots(cache_position: torch.Tensor, t: int) -> torch.Tensor:
+    """The (T,) int64 cache slots that cache_position names: itself when it has T entries;
+    one entry p (shape () or (1,)) names p, p+1, …, p+T-1 — what a graph's
+    `p + arange(T)` computes, so the fused op can read the counter p and skip that add."""
+    pos = cache_position.long().reshape(-1)  # index_copy_ wants int64; the kernel also takes int32
+    if pos.numel() == 1 and t != 1:
+        pos = pos + torch.arange(t, device=pos.device)
+    return pos
 
 
 def unfused(q, k, cos, sin, interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,7 +181,7 @@ def _rope_kernel(
     cos_ptr, sin_ptr,  # (Bc, T, R) tables; batch stride 0 when broadcast over B
     qo_ptr,  # (B, Hq, T, D) rotated q, in q's dim order (strides sqo_*)
     ko_ptr, vo_ptr,  # k destination: k out (B, Hkv, T, D) or k_cache (B, Hkv, S, D); v_cache
-    pos_ptr,  # (T,) int cache slots (read iff WRITE_CACHE)
+    pos_ptr,  # (T,) int cache slots, or (1,) the first of T consecutive (POS_BASE); iff WRITE_CACHE
     T, HQ, HKV, D, R, S_DST,  # S_DST: seq length of the k destination (T or S_max)
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sc_b, sc_t, sc_r, ss_b, ss_t, ss_r,
@@ -178,6 +189,7 @@ def _rope_kernel(
     sqo_b, sqo_h, sqo_t, sqo_d,
     INTERLEAVED: tl.constexpr, WRITE_CACHE: tl.constexpr, INTERP_BF16: tl.constexpr,
     BLOCK_D: tl.constexpr, HEADS_PER_PROG: tl.constexpr, GDC: tl.constexpr,
+    POS_BASE: tl.constexpr = False,
 ):
     # grid = (B*T, cdiv(Hq, HPP) + cdiv(Hkv, HPP)): head blocks never straddle q and k.
     gdc_enter(GDC)
@@ -202,7 +214,10 @@ def _rope_kernel(
         if WRITE_CACHE:
             # Out-of-range slots are the caller's contract; masked so nothing is written.
             # (A head bound, not `h_ok & scalar_ok`: the interpreter mis-types that mask.)
-            dst_t = tl.load(pos_ptr + t).to(tl.int64)
+            if POS_BASE:
+                dst_t = tl.load(pos_ptr).to(tl.int64) + t
+            else:
+                dst_t = tl.load(pos_ptr + t).to(tl.int64)
             n_heads = tl.where((dst_t >= 0) & (dst_t < S_DST), HKV, 0)
         h_ok = heads < n_heads
         _rotate_heads(k_ptr + b * sk_b + t * sk_t, sk_h, sk_d,
@@ -287,11 +302,13 @@ def _check_cache(q, k, v, k_cache, v_cache, pos) -> None:
           f"k_cache {tuple(k_cache.shape)} is not (B={b}, Hkv={hkv}, S, D={d})")
     check(v_cache.shape == k_cache.shape, f"v_cache {tuple(v_cache.shape)} != k_cache's")
     check(k_cache.dtype == v_cache.dtype == k.dtype, "k_cache/v_cache dtype must equal k's")
-    check(pos.shape == (t,) and pos.dtype in (torch.int32, torch.int64),
-          f"cache_position must be ({t},) int32/int64; got {tuple(pos.shape)} {pos.dtype}")
+    check((pos.shape == (t,) or pos.numel() == 1) and pos.dtype in (torch.int32, torch.int64),
+          f"cache_position must be ({t},) int32/int64 (or one int: the first of {t} consecutive "
+          f"slots); got {tuple(pos.shape)} {pos.dtype}")
     for name, x in (("v", v), ("k_cache", k_cache), ("v_cache", v_cache), ("pos", pos)):
         check(x.device == q.device, f"{name} on {x.device}, q on {q.device}")
     if pos.device.type == "cpu" and t:  # cheap here; on the GPU it would sync, so not checked
+        pos = slots(pos, t)
         check(bool((pos >= 0).all() and (pos < k_cache.shape[2]).all()),
               f"cache_position outside [0, {k_cache.shape[2]})")
 
@@ -316,6 +333,7 @@ def _run(q, k, v, cos, sin, ko, vo, pos, interleaved, config, warmup: bool = Fal
             *ko.stride(), *vo.stride(), *qo.stride())
     grid = (b * t, triton.cdiv(hq, hpp) + triton.cdiv(hkv, hpp))
     meta = {"INTERLEAVED": bool(interleaved), "WRITE_CACHE": cache,
+            "POS_BASE": cache and pos.numel() == 1 and t != 1,
             "INTERP_BF16": interpreting() and qo.dtype == ko.dtype == torch.bfloat16,  # see cast_rn
             "BLOCK_D": cfg["BLOCK_D"],
             "HEADS_PER_PROG": hpp, "num_warps": cfg["num_warps"]}

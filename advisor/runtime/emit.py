@@ -195,13 +195,43 @@ def _emit_linear_epilogue(graph: fx.Graph, m: Match, config: str) -> dict[fx.Nod
     return {m.outputs["y"]: _reroute(m.outputs["y"], y, set(m.nodes))}
 
 
+_ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
+
+
+def _arange_to(node: Any, t: Any) -> bool:
+    """node is arange(t), arange(0, t) or arange(0, t, 1) (t: an int or the same SymInt)."""
+    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target in _ARANGES):
+        return False
+    bounds = list(node.args) if node.target is not aten.arange.default else [0, *node.args]
+    return (len(bounds) in (2, 3) and bounds[0] == 0 and bounds[2:] in ([], [1])
+            and str(bounds[1]) == str(t))
+
+
+def _counter_of(position: Any, t: Any) -> fx.Node | None:
+    """p where position = p + arange(T) (either order) and p is one integer: the cache
+    write then reads p itself (kernels/rope.py `slots`) and the add leaves the graph —
+    transformers' StaticCache computes it per layer from each layer's own counter."""
+    if not (isinstance(position, fx.Node) and position.target is aten.add.Tensor
+            and len(position.args) == 2 and position.kwargs.get("alpha", 1) == 1):
+        return None
+    for a, p in (position.args, position.args[::-1]):
+        val = fake(p) if isinstance(p, fx.Node) else None
+        if _arange_to(a, t) and val is not None and val.numel() == 1 and not val.dtype.is_floating_point:
+            return p
+    return None
+
+
 def _emit_rope_cache(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
     """rope_qk + index_copy_(k_cache) + index_copy_(v_cache) → rope_qk_cache, which writes
     both caches in place and returns the rotated q. Readers of the two writes' results
     (aliases of the caches) read the cache inputs, after the fused op; the writes are
-    removed here (DCE keeps in-place ops)."""
+    removed here (DCE keeps in-place ops). Positions `p + arange(T)` pass as p."""
     names = ("q", "k", "v", "cos", "sin", "k_cache", "v_cache", "cache_position", "interleaved")
     args = [m.operands[n] for n in names]
+    q = fake(m.operands["q"])
+    counter = _counter_of(m.operands["cache_position"], q.shape[2]) if q is not None else None
+    if counter is not None:
+        args[names.index("cache_position")] = counter
     after = _insert_point(graph, m, args)
     inside = set(m.nodes)
     with graph.inserting_after(after):
