@@ -65,7 +65,9 @@ def _rotating(fn_of, input_sets):
     return lambda: [fn_of(inp) for inp in input_sets], n
 
 
-def bench_kernel(spec, tokens: int, dtype: torch.dtype, sweep: int, compiled) -> dict:
+def bench_kernel(spec, tokens: int, dtype: torch.dtype, sweep: int, compiled, configs=None) -> dict:
+    """One row: correctness, eager / compile / default / best-of-sweep times. `configs`: time
+    these (well-formed and kept for the problem) instead of a sweep of the space."""
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(tokens)
     inputs = spec.make_inputs(spec.bench_dims(tokens), dtype, dev, gen)
@@ -87,9 +89,12 @@ def bench_kernel(spec, tokens: int, dtype: torch.dtype, sweep: int, compiled) ->
     row["compile_ms"] = timed(lambda inp: compiled(*inp))
     row["default_ms"] = timed(lambda inp: spec.launch(*inp, config=default))
     best_cfg, best_ms, tried = default, row["default_ms"], 0
-    configs = spec.space.configs(problem)
-    step = max(1, len(configs) // sweep) if sweep else len(configs) + 1
-    for cfg in configs[::step]:
+    if configs is None:
+        every = spec.space.configs(problem)
+        configs = every[::max(1, len(every) // sweep)] if sweep else []
+    else:
+        configs = [c for c in configs if spec.space.keep(c, problem)]
+    for cfg in configs:
         try:
             _check(spec, inputs, cfg)
             ms = timed(lambda inp, cfg=cfg: spec.launch(*inp, config=cfg))
