@@ -102,6 +102,7 @@ def bench_kernel(spec, tokens: int, dtype: torch.dtype, sweep: int, compiled, co
             row.setdefault("failed_configs", []).append(f"{encode(cfg)}: {type(exc).__name__}")
             continue
         tried += 1
+        row.setdefault("config_ms", {})[encode(cfg)] = ms
         if ms < best_ms:
             best_cfg, best_ms = cfg, ms
     row.update(best_config=encode(best_cfg), best_ms=best_ms, configs_tried=tried)

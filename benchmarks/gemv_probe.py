@@ -73,6 +73,8 @@ def main() -> None:
             for key in ("eager", "compile", "default", "best"):
                 row[f"{key}_frac_of_copy"] = row[f"{key}_gbps"] / ceilings.copy_gbps
             rows.append(row)
+            for cfg_text, ms in row.get("config_ms", {}).items():
+                print(f"    {ms*1e3:7.1f}us  {cfg_text}", flush=True)
             print(f"{site:20s} M={t}  eager(cuBLAS+ops) {row['eager_ms']*1e3:7.1f}us "
                   f"({100*row['eager_frac_of_copy']:3.0f}%)  compile {row['compile_ms']*1e3:7.1f}us  "
                   f"ours default {row['default_ms']*1e3:7.1f}us  best {row['best_ms']*1e3:7.1f}us "
