@@ -281,22 +281,6 @@ def test_gemv_every_op(dtype, m, k, split, block_k):
                      gemm.reference_rmsnorm(x, g, w, 1e-6, offset))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gemv_row_sum_deep_tiles(dtype):
-    """One row with a tile past 64 products per thread (16 x 1024 over 4 warps): the K-step
-    reduction (ROW_SUM) path, ragged K, the three ops."""
-    m, k, n = 1, 1030, 40
-    x, w = _xw(m, k, n, dtype)
-    r = _rand((m, n), dtype, 4)
-    cfg = _gemv(m, k, n, dtype, BLOCK_N=16, BLOCK_K=1024, SPLIT_K=1)
-    assert gemm._gemv_per_thread(cfg, False) > gemm.GEMV_PER_THREAD[1]
-    assert_close(gemm.launch_gemm_epilogue(x, w, None, r, "none", cfg), gemm.reference(x, w, None, r, "none"))
-    x2, w_gu = _xw(m, k, 2 * n, dtype, seed=3)
-    assert_close(gemm.launch_gemm_swiglu(x2, w_gu, "silu", cfg), gemm.reference_swiglu(x2, w_gu, "silu"))
-    g = _rand((k,), dtype, 5, 0.5)
-    assert_close(gemm.launch_gemm_rmsnorm(x, g, w, 1e-6, 1.0, cfg), gemm.reference_rmsnorm(x, g, w, 1e-6, 1.0))
-
-
 @pytest.mark.parametrize("m, k, split", [(1, 1152, 4), (3, 1030, 2)])
 def test_gemv_pdl_prefetch_path(monkeypatch, m, k, split):
     """The code a PDL launch runs (first W tile loaded before the wait, the K loop from the

@@ -261,16 +261,12 @@ def _gemm_kernel(
 
 
 @triton.jit
-def _gemv_step(acc, a, b, ONE_ROW: tl.constexpr, ROW_SUM: tl.constexpr):
+def _gemv_step(acc, a, b, ONE_ROW: tl.constexpr):
     """acc += a·bᵀ for x rows a (BM, BK) fp32 and W rows b (BN, BK). ONE_ROW (M = 1): acc is
     (BN, BK), multiplied elementwise and reduced once after the loop (no cross-thread
-    reduction per step) or, ROW_SUM, (BN,) reduced each step (registers for a deeper tile
-    instead of the accumulator); else acc is (BM, BN), reduced along K each step."""
+    reduction per step); else acc is (BM, BN), reduced along K each step."""
     if ONE_ROW:
-        if ROW_SUM:
-            return acc + tl.sum(b.to(tl.float32) * a, axis=1)
-        else:
-            return acc + b.to(tl.float32) * a
+        return acc + b.to(tl.float32) * a
     else:
         return acc + tl.sum(a[:, None, :] * b.to(tl.float32)[None, :, :], axis=2)
 
@@ -306,16 +302,15 @@ def _gemv_w(w_rows, kk, K, N, stride_wn, stride_wk, GATED: tl.constexpr, MASKED:
 
 @triton.jit
 def _gemv_update(acc, up, sq, a, b, bu, G, kk, K, weight_offset, NORM: tl.constexpr,
-                 GATED: tl.constexpr, SPLIT_K: tl.constexpr, ONE_ROW: tl.constexpr,
-                 ROW_SUM: tl.constexpr):
+                 GATED: tl.constexpr, SPLIT_K: tl.constexpr, ONE_ROW: tl.constexpr):
     """One K-step: Σx² (NORM, unsplit K), x·diag(g + offset) (NORM), acc (and up) += x·Wᵀ."""
     if NORM:
         if SPLIT_K == 1:
             sq += a * a
         a = a * (tl.load(G + kk, mask=kk < K, other=0.0).to(tl.float32) + weight_offset)[None, :]
-    acc = _gemv_step(acc, a, b, ONE_ROW, ROW_SUM)
+    acc = _gemv_step(acc, a, b, ONE_ROW)
     if GATED:
-        up = _gemv_step(up, a, bu, ONE_ROW, ROW_SUM)
+        up = _gemv_step(up, a, bu, ONE_ROW)
     return acc, up, sq
 
 
@@ -328,7 +323,7 @@ def _gemv_kernel(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     NORM: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PREFETCH: tl.constexpr, GDC: tl.constexpr, ROW_SUM: tl.constexpr = False,
+    PREFETCH: tl.constexpr, GDC: tl.constexpr,
 ):
     """Program (n-tile, s): output columns [n·BN, +BN) of all M rows, K-slice s.
     PREFETCH: the first K-step's W tile is loaded before `gdc_enter` (under PDL, while the
@@ -342,9 +337,7 @@ def _gemv_kernel(
     k_hi = tl.minimum(k_lo + k_span, K)
     x_rows = X + rows.to(tl.int64)[:, None] * stride_xm  # (BM, 1)
     w_rows = W + (cols % N).to(tl.int64)[:, None] * stride_wn  # (BN, 1); wrapped: no mask
-    if ONE_ROW and ROW_SUM:
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    elif ONE_ROW:
+    if ONE_ROW:
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -356,7 +349,7 @@ def _gemv_kernel(
         gdc_enter(GDC)
         a = _gemv_x(x_rows, kk, K, row_ok, stride_xk, True)
         acc, up, sq = _gemv_update(acc, up, sq, a, b, bu, G, kk, K, weight_offset, NORM, GATED,
-                                   SPLIT_K, ONE_ROW, ROW_SUM)
+                                   SPLIT_K, ONE_ROW)
         k_first = k_lo + BLOCK_K
     else:
         gdc_enter(GDC)
@@ -366,11 +359,8 @@ def _gemv_kernel(
         a = _gemv_x(x_rows, kk, K, row_ok, stride_xk, not EVEN_K)  # (BM, BK)
         b, bu = _gemv_w(w_rows, kk, K, N, stride_wn, stride_wk, GATED, not EVEN_K)  # (BN, BK)
         acc, up, sq = _gemv_update(acc, up, sq, a, b, bu, G, kk, K, weight_offset, NORM, GATED,
-                                   SPLIT_K, ONE_ROW, ROW_SUM)
-    if ONE_ROW and ROW_SUM:  # (BN,) -> (1, BN)
-        acc = acc[None, :]
-        up = up[None, :]
-    elif ONE_ROW:  # (BN, BK) -> (1, BN)
+                                   SPLIT_K, ONE_ROW)
+    if ONE_ROW:  # (BN, BK) -> (1, BN)
         acc = tl.sum(acc, axis=1)[None, :]
         up = tl.sum(up, axis=1)[None, :]
     if NORM:  # this program's rows' rsqrt(mean(x²) + eps) over all of K (x is tiny)
@@ -481,17 +471,10 @@ PREFETCH_WITHOUT_PDL = False
 GEMV_MAX_M = 4  # rows of x the GEMV path holds in one program (all of them)
 GEMV_PER_THREAD = (16, 64)  # fp32 products per thread per K-step (BM·BN·BK / threads): enough
 #                             bytes in flight per load, few enough registers for occupancy
-ROW_SUM_PER_THREAD = 128  # one row (M = 1) may take tiles up to this deep: past 64 products
-#                           per thread it reduces along K every step (_gemv_kernel ROW_SUM),
-#                           so the registers hold the W tile, not a (BN, BK) accumulator
-
-
-def _gemv_per_thread(cfg: Config, gated: bool) -> int:
-    return (1 + int(gated)) * cfg["BLOCK_M"] * cfg["BLOCK_N"] * cfg["BLOCK_K"] // (32 * cfg["num_warps"])
 
 
 def _gemv_menu(problem: Problem) -> dict[str, tuple[int, ...]]:
-    """GEMV tiles: all M rows, 8-64 W rows by 128-512 K-elements (K itself when shorter),
+    """GEMV tiles: all M rows, 8-64 W rows by 128-1024 K-elements (K itself when shorter),
     4 warps; num_stages 1 (no software pipelining: bytes in flight come from many
     resident programs) or 3."""
     cap_k = max(32, _pow2(problem["K"]))
@@ -513,10 +496,9 @@ def _gemv_split_ok(cfg: Config, problem: Problem) -> bool:
 
 
 def _keep_gemv(cfg: Config, problem: Problem) -> bool:
-    per_thread = _gemv_per_thread(cfg, bool(problem.get("gated", 0)))
+    nacc = 1 + int(problem.get("gated", 0))
+    per_thread = nacc * cfg["BLOCK_M"] * cfg["BLOCK_N"] * cfg["BLOCK_K"] // (32 * cfg["num_warps"])
     lo, hi = (0, 4 * GEMV_PER_THREAD[1]) if _toy(problem) else GEMV_PER_THREAD
-    if cfg["BLOCK_M"] == 1 and cfg["num_stages"] == 1:  # ROW_SUM tiles fill the registers
-        hi = max(hi, ROW_SUM_PER_THREAD)
     return (problem["M"] <= GEMV_MAX_M
             and all(cfg[axis] in values for axis, values in _gemv_menu(problem).items())
             and lo <= per_thread <= hi and _gemv_split_ok(cfg, problem))
@@ -684,13 +666,12 @@ def _run_gemv(x2, w, b, r2, y, partials, p_strides, cfg: Config, norm, flags: di
     (m, k), n, split = x2.shape, y.shape[1], cfg["SPLIT_K"]
     g, eps, offset = (y, 0.0, 0.0) if norm is None else (norm[0].contiguous(), float(norm[1]), float(norm[2]))
     pdl = pdl_launch(x2)
-    row_sum = cfg["BLOCK_M"] == 1 and _gemv_per_thread(cfg, flags["GATED"]) > GEMV_PER_THREAD[1]
     compiled = _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), split)](
         x2, w, g, b, r2, y, partials, m, n, k, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1),
         r2.stride(0), y.stride(0), *p_strides, eps, offset, NORM=norm is not None,
         EVEN_K=k % cfg["BLOCK_K"] == 0, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"], SPLIT_K=split, PREFETCH=pdl["GDC"] or PREFETCH_WITHOUT_PDL,
-        ROW_SUM=row_sum, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl, **flags)
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl, **flags)
     if split > 1:
         _splitk_epilogue_kernel[(1, triton.cdiv(n, 128))](
             partials, b, r2, y, y, m, n, r2.stride(0), y.stride(0), *p_strides, ROW_SCALE=False,
