@@ -93,9 +93,13 @@ class Snapshot:
         for holder, key, value in self.scalars:
             _put(holder, key, value)
 
+    def changed_scalars(self) -> list[str]:
+        """`Type.key` of every scalar that differs from its snapshot (NaN equals NaN)."""
+        return [f"{type(holder).__name__}.{key}" for holder, key, value in self.scalars
+                if _get(holder, key) != value and value == value]
+
     def changed(self) -> bool:
         """True if any tensor differs from its snapshot (NaN-aware), or any scalar."""
         return any(not torch.equal(live, saved) and not (
             live.is_floating_point() and torch.allclose(live, saved, rtol=0, atol=0, equal_nan=True))
-            for live, saved in self.pairs) or any(
-            _get(holder, key) != value and value == value for holder, key, value in self.scalars)
+            for live, saved in self.pairs) or bool(self.changed_scalars())

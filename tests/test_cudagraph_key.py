@@ -68,6 +68,26 @@ def test_warm_up_leaves_object_state_and_inputs_as_they_were():
     assert not written.any()  # the warm-up ran on a clone
 
 
+def test_warm_up_refuses_a_forward_that_moves_python_state():
+    """A cache counting in a Python int (StaticSlidingWindowLayer) would not advance under a
+    graph replay: warm-up says so (GraphCache then runs the forward without a graph), and
+    leaves the int and the tensors as they were."""
+    import pytest
+
+    from advisor.runtime.cudagraph import GraphUnsafe, warm_up
+
+    cache = CountingCache(8)
+    cache.length_int = 0
+
+    def step(x, cache):
+        cache.length_int += 1
+        return cache.step(x)
+
+    with pytest.raises(GraphUnsafe, match="CountingCache.length_int"):
+        warm_up(step, (torch.tensor(2.0), cache), {})
+    assert cache.length_int == 0 and int(cache.cumulative_length) == 0 and not cache.k.any()
+
+
 def test_median_ms_resets_state_before_every_run():
     from advisor.timing import median_ms
 

@@ -55,6 +55,10 @@ def _flat_key(flat: list[Any], spec: Any) -> tuple:
     return (spec, tuple(_leaf_key(x) for x in flat))
 
 
+class GraphUnsafe(RuntimeError):
+    """The forward cannot be captured as a CUDA graph (it runs Python a replay would skip)."""
+
+
 def warm_up(fn: Callable[..., Any], args: tuple, kwargs: dict, runs: int = 2) -> list[bool]:
     """Run `fn` `runs` times outside capture (compiles, allocator, cuBLAS handles) and leave
     every tensor reachable from the inputs as it was; returns, per flattened input, whether
@@ -65,7 +69,12 @@ def warm_up(fn: Callable[..., Any], args: tuple, kwargs: dict, runs: int = 2) ->
     `cumulative_length` counter, which decides where the next write lands) are used live,
     so they are snapshotted and restored: otherwise each warm-up run advances the cache and
     the captured step writes ahead of the position it attends to (seen on the H200:
-    outputs unrelated to eager's)."""
+    outputs unrelated to eager's).
+
+    A forward that changes Python scalars reachable from its inputs (transformers'
+    StaticSlidingWindowLayer counts its length in an int and picks its update path from
+    it) cannot be replayed: a replay runs no Python. That is a GraphUnsafe error here, and
+    the caller runs the forward without a graph."""
     flat, spec = tree_flatten((args, kwargs))
     clones = [x.clone() if isinstance(x, torch.Tensor) else x for x in flat]
     versions = [x._version if isinstance(x, torch.Tensor) else None for x in clones]
@@ -74,8 +83,11 @@ def warm_up(fn: Callable[..., Any], args: tuple, kwargs: dict, runs: int = 2) ->
     try:
         for _ in range(runs):
             fn(*a, **k)
+        moved = snapshot.changed_scalars()
     finally:
         snapshot.restore()
+    if moved:
+        raise GraphUnsafe(f"the forward changes Python state a replay would skip: {', '.join(moved[:3])}")
     return [isinstance(c, torch.Tensor) and c._version != v for c, v in zip(clones, versions)]
 
 
