@@ -344,6 +344,44 @@ def test_registry_entry(name):
     assert spec.unfused_launches >= 2
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m, split, pdl_path", [(1, 1, False), (3, 2, True), (17, 1, False)])
+def test_gated_linear_prologue(monkeypatch, dtype, m, split, pdl_path):
+    """(act(gate)·up)·Wᵀ + residual with gate/up the strided halves of a merged [g | u]:
+    the GEMV path computes the product in its prologue (also the PDL code path, split K);
+    at 17 rows the gated_act kernel runs first, then the tensor-core GEMM."""
+    monkeypatch.setattr(gemm, "PREFETCH_WITHOUT_PDL", pdl_path)
+    k, n = 1030, 40
+    gu = _rand((m, 2 * k), dtype, 7, 2.0)
+    gate, up = gu[:, :k], gu[:, k:]  # views, rows 2k apart
+    w, r = _rand((n, k), dtype, 8, k ** -0.5), _rand((m, n), dtype, 9)
+    over = {"SPLIT_K": split, "BLOCK_K": 128} if m <= gemm.GEMV_MAX_M else {}
+    cfg = _cfg(m, n, k, dtype, **over)
+    for act in ("silu", "gelu_tanh"):
+        want = gemm.reference_gated(gate, up, w, None, r, act)
+        assert_close(gemm.launch_gated_linear(gate, up, w, None, r, act, cfg), want)
+    with pytest.raises(KernelInputError, match="up"):
+        gemm.launch_gated_linear(gate, up[:, :-1], w)
+
+
+def test_gated_linear_registry_and_custom_op():
+    spec = get("gated_linear")
+    gen = torch.Generator().manual_seed(4)
+    for dims in spec.test_dims:
+        inputs = spec.make_inputs(dims, torch.bfloat16, torch.device("cpu"), gen)
+        gate, up, w, b, r, act = inputs
+        m, k, n = dims["M"], dims["K"], dims["N"]
+        assert spec.bytes_moved(*inputs) == (2 * m * k + n * k + m * n + (b is not None) * n
+                                             + (r is not None) * m * n) * 2
+        for cfg in spec.space.configs(spec.problem(*inputs))[:2]:
+            assert_close(spec.launch(*inputs, config=cfg), spec.reference(*inputs))
+        got = torch.ops.advisor.gated_linear(gate, up, w, b, r, act, "")
+        assert_close(got, spec.reference(*inputs))
+        f32 = spec.make_inputs(dims, torch.float32, torch.device("cpu"), gen)
+        assert_close(spec.unfused_ops()(*f32), spec.reference(*f32), torch.float32)
+    assert spec.bench_dims(1) == {"M": 1, "K": 14336, "N": 4096, "residual": 1}
+
+
 @pytest.mark.parametrize("name", ["gemm_epilogue", "gemm_swiglu", "gemm_rmsnorm"])
 def test_unfused_baseline_computes_the_same_function(name):
     """The benchmark's eager baseline (model-dtype ops) must compute what the reference does."""

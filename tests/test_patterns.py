@@ -26,14 +26,16 @@ def test_examples_find_the_core_families(path):
     assert fams["rope"] == 2 and fams["qkv_merge"] == 2
     assert fams["gated_act"] == 2 and fams["gate_up_merge"] == 2
     assert fams["gate_up_swiglu"] == 2  # the same MLPs as one GEMM with the activation inside
+    assert fams["gated_act_linear"] == 2  # or the product in down_proj's prologue
     assert fams["attention_rope"] == 2
 
 
 @pytest.mark.parametrize("family,expect", [
-    ("Gemma", {"add_rms_norm": 4, "gated_act": 2, "gate_up_swiglu": 2, "rope": 2, "qkv_merge": 2}),  # (1+w), GeGLU-tanh
+    ("Gemma", {"add_rms_norm": 4, "gated_act": 2, "gate_up_swiglu": 2, "rope": 2, "qkv_merge": 2,
+               "gated_act_linear": 2}),  # (1+w), GeGLU-tanh
     ("Qwen2", {"add_rms_norm": 4, "qkv_merge": 2, "rope": 2}),                   # q/k/v with bias
     ("GPTNeoX", {"add_layer_norm": 2, "layer_norm": 3, "bias_act": 2, "rope": 2}),  # LayerNorm, GeLU+bias, partial rotary
-    ("Phi3", {"add_rms_norm": 4, "gated_act": 2, "rope": 2}),                     # merged qkv/gate_up projections
+    ("Phi3", {"add_rms_norm": 4, "gated_act": 2, "rope": 2, "gated_act_linear": 2}),  # merged qkv/gate_up
 ])
 def test_transformers_families(family, expect):
     fams = _families(tiny_hf(family), ids(7, batch=1))

@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from advisor.kernels._triton import (
+    cast_rn,
     check,
     check_float,
     gdc_enter,
@@ -165,6 +166,7 @@ def _gated_act_kernel(
     EVEN_M: tl.constexpr,  # n_rows % BLOCK_M == 0: no row bounds check
     EVEN_N: tl.constexpr,  # n_cols % BLOCK_N == 0: no column bounds check
     GDC: tl.constexpr,  # programmatic dependent launch (_triton.pdl_launch)
+    INTERP_BF16: tl.constexpr = False,  # round to nearest under the interpreter (cast_rn)
 ):
     gdc_enter(GDC)
     # The program owns the tile rows [pid_m·BM, +BM) × cols [pid_n·BN, +BN), see tile_index.
@@ -182,7 +184,7 @@ def _gated_act_kernel(
         g = tl.load(g_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
         u = tl.load(u_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
     y = apply_activation(g.to(tl.float32), ACT) * u.to(tl.float32)
-    out = y.to(out_ptr.dtype.element_ty)
+    out = cast_rn(y, out_ptr.dtype.element_ty, INTERP_BF16)
     if EVEN_M and EVEN_N:
         tl.store(o_ptrs, out)
     else:
@@ -299,7 +301,8 @@ def _prepare(gate2: torch.Tensor, up2: torch.Tensor, out2: torch.Tensor, activat
     n_rows, n_cols = gate2.shape
     cfg = SPACE.resolve(config, {"n_rows": n_rows, "n_cols": n_cols, "dtype": str(gate2.dtype)})
     args = (gate2, up2, out2, n_rows, n_cols, gate2.stride(0), up2.stride(0), out2.stride(0))
-    meta = {"ACT": activation_code(activation), **cfg, **even_of(cfg, n_rows, n_cols)}
+    meta = {"ACT": activation_code(activation), **cfg, **even_of(cfg, n_rows, n_cols),
+            "INTERP_BF16": interpreting() and out2.dtype == torch.bfloat16}
     return args, meta, grid_of(cfg, n_rows, n_cols)
 
 

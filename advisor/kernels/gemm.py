@@ -56,6 +56,7 @@ import triton.language as tl
 
 from advisor.kernels._triton import (
     SUPPORTED_DTYPES,
+    cast_rn,
     check,
     check_float,
     gdc_enter,
@@ -65,7 +66,14 @@ from advisor.kernels._triton import (
     triton_can_run,
 )
 from advisor.kernels.bias_act import _round_like
-from advisor.kernels.gated_act import ACTIVATIONS, activation_ref, apply_activation, as_rows
+from advisor.kernels.gated_act import (
+    ACTIVATIONS,
+    activation_ref,
+    apply_activation,
+    as_rows,
+    launch_gated_act,
+)
+from advisor.kernels.gated_act import reference as gated_act_reference
 from advisor.kernels.norm import rms_norm_reference
 from advisor.kernels.registry import KernelSpec, register
 from advisor.kernels.space import Config, ConfigSpace, Problem, decode
@@ -91,6 +99,16 @@ def reference_swiglu(x, w_gu, activation: str) -> torch.Tensor:
     """act(x·W_gᵀ)·(x·W_uᵀ) for w_gu = [W_g; W_u] (2N, K): (..., K) -> (..., N)."""
     gate, up = F.linear(x.float(), w_gu.float()).chunk(2, dim=-1)  # (..., N) each
     return (activation_ref(activation, gate) * up).to(x.dtype)
+
+
+def reference_gated(gate, up, w, bias, residual, activation: str) -> torch.Tensor:
+    """`reference` of act(gate)·up rounded to gate's dtype (as the gated_act op writes it)."""
+    return reference(gated_act_reference(gate, up, activation), w, bias, residual, "none")
+
+
+def unfused_gated(gate, up, w, bias, residual, activation: str) -> torch.Tensor:
+    """The activation, the product, the GEMM (+ bias) and the add, in gate's dtype."""
+    return unfused(activation_ref(activation, gate) * up, w, bias, residual, "none")
 
 
 def unfused(x, w, bias, residual, activation: str) -> torch.Tensor:
@@ -272,12 +290,17 @@ def _gemv_step(acc, a, b, ONE_ROW: tl.constexpr):
 
 
 @triton.jit
-def _gemv_x(x_rows, kk, K, row_ok, stride_xk, MASKED: tl.constexpr):
-    """x rows (BM, BK) at K offsets kk (BK,), fp32."""
-    if MASKED:
-        a = tl.load(x_rows + kk[None, :] * stride_xk, mask=row_ok & (kk < K)[None, :], other=0.0)
-    else:
-        a = tl.load(x_rows + kk[None, :] * stride_xk, mask=row_ok, other=0.0)
+def _gemv_x(x_rows, u_rows, kk, K, row_ok, stride_xk, MASKED: tl.constexpr, X_ACT: tl.constexpr,
+            INTERP_BF16: tl.constexpr):
+    """x rows (BM, BK) at K offsets kk (BK,), fp32. X_ACT >= 0: x is act(gate)·up of the
+    gate rows x_rows and the up rows u_rows, rounded to their dtype as the separate
+    gated_act kernel would write it (the SwiGLU product in the down projection's prologue;
+    INTERP_BF16: round to nearest as the GPU does, see cast_rn)."""
+    mask = row_ok & (kk < K)[None, :] if MASKED else row_ok
+    a = tl.load(x_rows + kk[None, :] * stride_xk, mask=mask, other=0.0)
+    if X_ACT >= 0:
+        u = tl.load(u_rows + kk[None, :] * stride_xk, mask=mask, other=0.0)
+        a = cast_rn(apply_activation(a.to(tl.float32), X_ACT) * u.to(tl.float32), a.dtype, INTERP_BF16)
     return a.to(tl.float32)
 
 
@@ -317,13 +340,15 @@ def _gemv_update(acc, up, sq, a, b, bu, G, kk, K, weight_offset, NORM: tl.conste
 @triton.jit
 def _gemv_kernel(
     X, W, G, B, R, Y, P,  # as in _gemm_kernel (G: norm weight (K,) if NORM)
+    XU,  # X_ACT >= 0: the up rows (strides of X); x = act(X)·XU
     M, N, K,  # M <= BLOCK_M: every program holds all rows of x
     stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_ym, stride_ps, stride_pu,
     eps, weight_offset,  # NORM: y = (x·diag(g + weight_offset)·Wᵀ)·rsqrt(mean(x²) + eps)
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     NORM: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PREFETCH: tl.constexpr, GDC: tl.constexpr,
+    PREFETCH: tl.constexpr, GDC: tl.constexpr, X_ACT: tl.constexpr = -1,
+    INTERP_BF16: tl.constexpr = False,
 ):
     """Program (n-tile, s): output columns [n·BN, +BN) of all M rows, K-slice s.
     PREFETCH: the first K-step's W tile is loaded before `gdc_enter` (under PDL, while the
@@ -336,6 +361,7 @@ def _gemv_kernel(
     k_lo = tl.program_id(1) * k_span
     k_hi = tl.minimum(k_lo + k_span, K)
     x_rows = X + rows.to(tl.int64)[:, None] * stride_xm  # (BM, 1)
+    u_rows = XU + rows.to(tl.int64)[:, None] * stride_xm  # (BM, 1), read iff X_ACT >= 0
     w_rows = W + (cols % N).to(tl.int64)[:, None] * stride_wn  # (BN, 1); wrapped: no mask
     if ONE_ROW:
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -347,7 +373,7 @@ def _gemv_kernel(
         kk = k_lo + tl.arange(0, BLOCK_K)
         b, bu = _gemv_w(w_rows, kk, K, N, stride_wn, stride_wk, GATED, True)
         gdc_enter(GDC)
-        a = _gemv_x(x_rows, kk, K, row_ok, stride_xk, True)
+        a = _gemv_x(x_rows, u_rows, kk, K, row_ok, stride_xk, True, X_ACT, INTERP_BF16)
         acc, up, sq = _gemv_update(acc, up, sq, a, b, bu, G, kk, K, weight_offset, NORM, GATED,
                                    SPLIT_K, ONE_ROW)
         k_first = k_lo + BLOCK_K
@@ -356,7 +382,7 @@ def _gemv_kernel(
         k_first = k_lo
     for k in range(k_first, k_hi, BLOCK_K):
         kk = k + tl.arange(0, BLOCK_K)  # (BK,)
-        a = _gemv_x(x_rows, kk, K, row_ok, stride_xk, not EVEN_K)  # (BM, BK)
+        a = _gemv_x(x_rows, u_rows, kk, K, row_ok, stride_xk, not EVEN_K, X_ACT, INTERP_BF16)
         b, bu = _gemv_w(w_rows, kk, K, N, stride_wn, stride_wk, GATED, not EVEN_K)  # (BN, BK)
         acc, up, sq = _gemv_update(acc, up, sq, a, b, bu, G, kk, K, weight_offset, NORM, GATED,
                                    SPLIT_K, ONE_ROW)
@@ -614,11 +640,16 @@ def _check_like(name: str, t: torch.Tensor, shape: tuple[int, ...], x: torch.Ten
 
 
 def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, gated=False,
-         config: Mapping[str, int] | None = None) -> tuple[torch.Tensor, Any]:
+         x_up=None, x_act: str = "", config: Mapping[str, int] | None = None) -> tuple[torch.Tensor, Any]:
     """Checked x (..., K), w (N or 2N, K) -> (y (..., N), compiled GEMM or None).
-    norm = (g (K,), eps, weight_offset) selects gemm_rmsnorm."""
+    norm = (g (K,), eps, weight_offset) selects gemm_rmsnorm; x_up (x's shape) makes the
+    GEMM's input act(x)·x_up (`x_act`): computed in the GEMV's prologue, by the gated_act
+    kernel ahead of a tensor-core GEMM."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)  # (M, K): a view when possible; both strides go to the kernel
+    u2 = None if x_up is None else x_up.reshape(-1, k)
+    if u2 is not None and u2.stride() != x2.stride():  # one set of strides in the kernel
+        x2, u2 = x2.contiguous(), u2.contiguous()
     m = x2.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)  # (M, N)
     if m == 0 or n == 0:
@@ -635,7 +666,9 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
              "GATED": gated}
     if cfg["BLOCK_M"] < 16:
         return y.view(*x.shape[:-1], n), _run_gemv(x2, w, b, r2, y, partials, p_strides, cfg, norm,
-                                                    flags)
+                                                    flags, u2, x_act)
+    if u2 is not None:  # tensor cores want x in shared memory: the product first
+        x2 = launch_gated_act(x2, u2, x_act)
     g, rs, offset = y, y, 0.0  # placeholders for pointers a flag leaves unused
     if norm is not None:
         g, eps, offset = norm[0].contiguous(), float(norm[1]), float(norm[2])
@@ -659,18 +692,22 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
     return y.view(*x.shape[:-1], n), compiled
 
 
-def _run_gemv(x2, w, b, r2, y, partials, p_strides, cfg: Config, norm, flags: dict[str, Any]) -> Any:
+def _run_gemv(x2, w, b, r2, y, partials, p_strides, cfg: Config, norm, flags: dict[str, Any],
+              u2=None, x_act: str = "") -> Any:
     """The GEMV path of `_run` (its buffers and flags): x2 (M, K) with M <= BLOCK_M, y (M, N)
-    written in place; the norm's row scales are computed inside the kernel. Under PDL
-    (`programmatic_launch`) both kernels launch early and the GEMV prefetches W."""
+    written in place; the norm's row scales are computed inside the kernel, and so is
+    act(x2)·u2 when u2 is given. Under PDL (`programmatic_launch`) both kernels launch
+    early and the GEMV prefetches W."""
     (m, k), n, split = x2.shape, y.shape[1], cfg["SPLIT_K"]
     g, eps, offset = (y, 0.0, 0.0) if norm is None else (norm[0].contiguous(), float(norm[1]), float(norm[2]))
     pdl = pdl_launch(x2)
     compiled = _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), split)](
-        x2, w, g, b, r2, y, partials, m, n, k, x2.stride(0), x2.stride(1), w.stride(0), w.stride(1),
-        r2.stride(0), y.stride(0), *p_strides, eps, offset, NORM=norm is not None,
+        x2, w, g, b, r2, y, partials, x2 if u2 is None else u2, m, n, k, x2.stride(0), x2.stride(1),
+        w.stride(0), w.stride(1), r2.stride(0), y.stride(0), *p_strides, eps, offset, NORM=norm is not None,
         EVEN_K=k % cfg["BLOCK_K"] == 0, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"], SPLIT_K=split, PREFETCH=pdl["GDC"] or PREFETCH_WITHOUT_PDL,
+        X_ACT=-1 if u2 is None else ACTIVATIONS[x_act],
+        INTERP_BF16=u2 is not None and interpreting() and x2.dtype == torch.bfloat16,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl, **flags)
     if split > 1:
         _splitk_epilogue_kernel[(1, triton.cdiv(n, 128))](
@@ -689,6 +726,18 @@ def _epilogue_call(x, w, bias, residual, activation, config):
         _check_like("residual", residual, (*x.shape[:-1], n), x)
     return _run(x, w, n, act=GEMM_ACTIVATIONS[activation], bias=bias, residual=residual,
                 config=config)
+
+
+def _gated_call(gate, up, w, bias, residual, activation, config):
+    _check_x_w(gate, w)
+    _check_like("up", up, tuple(gate.shape), gate)
+    check(activation in ACTIVATIONS, f"activation {activation!r} not in {list(ACTIVATIONS)}")
+    n = w.shape[0]
+    if bias is not None:
+        _check_like("bias", bias, (n,), gate)
+    if residual is not None:
+        _check_like("residual", residual, (*gate.shape[:-1], n), gate)
+    return _run(gate, w, n, bias=bias, residual=residual, x_up=up, x_act=activation, config=config)
 
 
 def _swiglu_call(x, w_gu, activation, config):
@@ -720,6 +769,13 @@ def launch_gemm_epilogue(x, w, bias=None, residual=None, activation: str = "none
     return _epilogue_call(x, w, bias, residual, activation, config)[0]
 
 
+def launch_gated_linear(gate, up, w, bias=None, residual=None, activation: str = "silu",
+                        config: Mapping[str, int] | None = None) -> torch.Tensor:
+    """(act(gate)·up)·Wᵀ + b (+ residual): gate, up (..., K) (e.g. the halves of a merged
+    gate/up output), w (N, K) — the MLP's down projection with SwiGLU/GeGLU before it."""
+    return _gated_call(gate, up, w, bias, residual, activation, config)[0]
+
+
 def launch_gemm_swiglu(x, w_gu, activation: str = "silu",
                        config: Mapping[str, int] | None = None) -> torch.Tensor:
     """act(x·W_gᵀ)·(x·W_uᵀ): x (..., K), w_gu = [W_g; W_u] (2N, K) -> (..., N)."""
@@ -747,6 +803,10 @@ def _n_spills(compiled: Any) -> int | None:
 def spills_gemm_epilogue(x, w, bias=None, residual=None, activation="none", config=None):
     """Register spills of the compiled GEMM (runs it once); None under the interpreter."""
     return _n_spills(_epilogue_call(x, w, bias, residual, activation, config)[1])
+
+
+def spills_gated_linear(gate, up, w, bias=None, residual=None, activation="silu", config=None):
+    return _n_spills(_gated_call(gate, up, w, bias, residual, activation, config)[1])
 
 
 def spills_gemm_swiglu(x, w_gu, activation="silu", config=None):
@@ -797,6 +857,16 @@ def gemm_rmsnorm(x, norm_w, w, eps, weight_offset, config):
     return reference_rmsnorm(x, norm_w, w, eps, weight_offset).contiguous()
 
 
+@torch.library.custom_op(
+    "advisor::gated_linear", mutates_args=(),
+    schema="(Tensor gate, Tensor up, Tensor w, Tensor? bias, Tensor? residual, str activation, "
+           "str config) -> Tensor")
+def gated_linear(gate, up, w, bias, residual, activation, config):
+    if _use_triton(gate):
+        return launch_gated_linear(gate, up, w, bias, residual, activation, decode(config))
+    return reference_gated(gate, up, w, bias, residual, activation).contiguous()
+
+
 def _out_like(x: torch.Tensor, n) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], n))
 
@@ -805,6 +875,8 @@ gemm_epilogue.register_fake(lambda x, w, bias, residual, activation, config: _ou
 gemm_swiglu.register_fake(lambda x, w_gu, activation, config: _out_like(x, w_gu.shape[0] // 2))
 gemm_rmsnorm.register_fake(
     lambda x, norm_w, w, eps, weight_offset, config: _out_like(x, w.shape[0]))
+gated_linear.register_fake(
+    lambda gate, up, w, bias, residual, activation, config: _out_like(gate, w.shape[0]))
 
 
 # ----------------------------------------------------------------------------- registry
@@ -834,6 +906,12 @@ def _make_rmsnorm(dims, dtype, device, generator) -> tuple[Any, ...]:
     x, w = _x_w(dims, dims["N"], dtype, device, generator)
     norm_w = randn_nonzero((dims["K"],), dtype, device, generator, 0.5)
     return x, norm_w, w, EPS, float(dims.get("weight_offset", 0))
+
+
+def _make_gated(dims, dtype, device, generator) -> tuple[Any, ...]:
+    gate, w, b, r, _ = _make_epilogue(dims, dtype, device, generator)
+    up = randn_nonzero(tuple(gate.shape), dtype, device, generator)
+    return gate, up, w, b, r, _ACT_NAMES[dims.get("act", 0)]
 
 
 def _problem(x: torch.Tensor, w: torch.Tensor, gated: bool = False) -> Problem:
@@ -883,3 +961,11 @@ _spec("gemm_rmsnorm", reference=reference_rmsnorm, unfused=unfused_rmsnorm, laun
                  {"M": 1, "K": 40, "N": 40}),
       bench_n=6144, bench_extra={},  # input norm -> merged QKV (4096 + 2·1024)
       unfused_launches=9, spills=spills_gemm_rmsnorm)  # eager RMSNorm 8 (norm.py) + GEMM
+_spec("gated_linear", reference=reference_gated, unfused=unfused_gated, launch=launch_gated_linear,
+      make_inputs=_make_gated, problem=lambda gate, up, w, *_: _problem(gate, w),
+      flops=lambda gate, up, w, *_: _flops(gate, w),
+      bytes_moved=lambda gate, up, w, b, r, act: _bytes(w.shape[0], gate, up, w, b, r),
+      test_dims=({"M": 1, "K": 40, "N": 24, "residual": 1}, {"M": 3, "K": 24, "N": 8, "bias": 1, "act": 1},
+                 {"M": 17, "K": 40, "N": 40, "residual": 1, "act": 2}),
+      bench_n=4096, bench_extra={"K": 14336, "residual": 1},  # SwiGLU -> down_proj + residual
+      unfused_launches=4, spills=spills_gated_linear)  # act, mul, down GEMM, residual add

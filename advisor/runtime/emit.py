@@ -31,6 +31,7 @@ KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "rmsnorm_linear": (("x", "weight", "weights", "eps", "weight_offset"), ("y",)),  # own emitter
     "rmsnorm_swiglu": (("x", "weight", "weights", "eps", "weight_offset", "activation"), ("y",)),
     "gemm_epilogue": (("x", "weight", "bias", "residual", "activation"), ("y",)),  # own emitter
+    "gated_linear": (("gate", "up", "weight", "bias", "residual", "activation"), ("y",)),  # own emitter
 }
 
 
@@ -195,6 +196,21 @@ def _emit_linear_epilogue(graph: fx.Graph, m: Match, config: str) -> dict[fx.Nod
     return {m.outputs["y"]: _reroute(m.outputs["y"], y, set(m.nodes))}
 
 
+def _emit_gated_linear(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
+    """act(g)·u → view (M, K) → mm(·, Wᵀ) [→ view + r]  becomes  gated_linear(g, u, W, b, r):
+    (..., N), viewed as the mm's (M, N) or, with the residual, as the add's captured sizes."""
+    names = KERNEL_ARGS["gated_linear"][0]
+    args = [m.operands.get(n) for n in names]
+    r, shape = m.operands.get("residual"), m.operands.get("out_shape")
+    after = _insert_point(graph, m, [*args, shape])
+    with graph.inserting_after(after):
+        call = _new(graph, torch.ops.advisor.gated_linear.default, (*args, config))
+    n = int(fake(m.operands["weight"]).shape[0])
+    with graph.inserting_after(call):
+        y = _new(graph, aten.view.default, (call, shape if r is not None else [-1, n]))
+    return {m.outputs["y"]: _reroute(m.outputs["y"], y, set(m.nodes))}
+
+
 _ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
 
 
@@ -258,6 +274,8 @@ def emit(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
         return _emit_rope_cache(graph, m, config)
     if m.kernel == "gemm_epilogue":
         return _emit_linear_epilogue(graph, m, config)
+    if m.kernel == "gated_linear":
+        return _emit_gated_linear(graph, m, config)
     if m.kernel in KERNEL_ARGS:
         return _emit_kernel(graph, m, config)
     raise EmitError(f"no emitter for kernel {m.kernel!r}")

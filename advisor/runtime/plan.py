@@ -19,6 +19,7 @@ FAMILIES: dict[str, str] = {
     "layer_norm": "layer_norm",
     "add_layer_norm": "add_layer_norm",
     "gate_up_swiglu": "linear_swiglu",
+    "gated_act_linear": "gated_linear",
     "gated_act": "gated_act",
     "bias_act": "bias_act",
     "linear_bias_act": "gemm_epilogue",

@@ -7,6 +7,9 @@
 | gate_up_swiglu (projections +  | linear.py         | linear_swiglu.py (gemm.py)|
 |   SwiGLU in one GEMM)          |                   |                           |
 | gated_act (SwiGLU, GeGLU)      | activation.py     | gated_act.py              |
+| gated_act_linear (act(g)·u in  | linear.py         | gemm.py (gated_linear)    |
+|   the down projection's        |                   |                           |
+|   prologue, + residual)        |                   |                           |
 | linear_bias_act (bias + act in | linear.py         | gemm.py (gemm_epilogue)   |
 |   the projection's epilogue)   |                   |                           |
 | linear_residual (residual add  | linear.py         | gemm.py (gemm_epilogue)   |
@@ -46,15 +49,19 @@ def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
     rope_writes = cache.find(gm, ropes)
     norm_projections = linear.find_norm_projections(norms, gm, params)
     swiglu_projections = linear.find_swiglu_projections(gated, params)
+    residual_epilogues = linear.find_residual_epilogues(gm, params)
     matches = [
         *[m for m in fusable_attention if m.family == "attention_rope"],  # RoPE folded in
         *linear.find_norm_swiglus(norm_projections, swiglu_projections),  # subsumes both
         *norm_projections,
         *norms,
         *swiglu_projections,  # before gated_act: it subsumes it
+        # the product into the down projection's prologue (and its residual add): before
+        # gated_act and linear_residual, which it subsumes
+        *linear.find_gated_projections(gm, gated, params, residual_epilogues),
         *gated,
         *linear.find_epilogues(gm, params),  # before bias_act: it subsumes it
-        *linear.find_residual_epilogues(gm, params),  # after add+norm: that add is the norm's
+        *residual_epilogues,  # after add+norm: that add is the norm's
         *activation.find_bias_act(gm, params),
         *rope_writes,  # before rope: it subsumes the rotation
         *ropes,

@@ -249,3 +249,36 @@ def find_residual_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[
                                (lin.node.args[-1], lin.node, pre, node), operands, {"y": node}))
             break
     return found
+
+
+def find_gated_projections(gm: fx.GraphModule, gated: list[Match], params: dict[str, str],
+                           residual_epilogues: list[Match]) -> list[Match]:
+    """act(g)·u read only by one projection (through a reshape to (M, K)), with the
+    residual add of its output when there is one: the MLP's down_proj. One op computes the
+    product in the projection's prologue (kernels/gemm.py `gated_linear`) — at decode the
+    GEMV reads g and u itself, and the product never reaches memory or costs a launch."""
+    by_x2d = {e.operands["x"]: e for e in residual_epilogues}
+    found = []
+    for g in gated:
+        y = g.outputs["y"]
+        if len(y.users) != 1:
+            continue
+        x2d = next(iter(y.users))
+        if not is_op(x2d, aten.view.default, aten._unsafe_view.default, aten.reshape.default):
+            continue
+        lins = [lin for u in x2d.users if (lin := linear_at(u, params)) is not None and lin.x2d is x2d]
+        if len(lins) != 1 or len(x2d.users) != 1:
+            continue
+        lin = lins[0]
+        operands = {**{k: g.operands[k] for k in ("gate", "up", "activation")},
+                    "weight": lin.weight, "bias": lin.bias}
+        e = by_x2d.get(x2d)
+        if e is not None and e.operands["bias"] is lin.bias:  # ... + r: the add's value
+            operands.update(residual=e.operands["residual"], out_shape=e.operands["out_shape"])
+            nodes, outputs = (*g.nodes, x2d, *e.nodes), dict(e.outputs)
+        else:  # the projection's (M, N) output itself
+            operands.update(residual=None)
+            nodes, outputs = (*g.nodes, x2d, lin.node.args[-1], lin.node), {"y": lin.node}
+        found.append(Match("gated_act_linear", "gated_linear", module_path(lin.node), nodes,
+                           operands, outputs))
+    return found
