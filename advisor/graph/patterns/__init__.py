@@ -58,7 +58,7 @@ def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
         *swiglu_projections,  # before gated_act: it subsumes it
         # the product into the down projection's prologue (and its residual add): before
         # gated_act and linear_residual, which it subsumes
-        *linear.find_gated_projections(gm, gated, params, residual_epilogues),
+        *linear.find_gated_projections(gated, params, residual_epilogues),
         *gated,
         *linear.find_epilogues(gm, params),  # before bias_act: it subsumes it
         *residual_epilogues,  # after add+norm: that add is the norm's

@@ -251,7 +251,7 @@ def find_residual_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[
     return found
 
 
-def find_gated_projections(gm: fx.GraphModule, gated: list[Match], params: dict[str, str],
+def find_gated_projections(gated: list[Match], params: dict[str, str],
                            residual_epilogues: list[Match]) -> list[Match]:
     """act(g)·u read only by one projection (through a reshape to (M, K)), with the
     residual add of its output when there is one: the MLP's down_proj. One op computes the
@@ -273,7 +273,7 @@ def find_gated_projections(gm: fx.GraphModule, gated: list[Match], params: dict[
         operands = {**{k: g.operands[k] for k in ("gate", "up", "activation")},
                     "weight": lin.weight, "bias": lin.bias}
         e = by_x2d.get(x2d)
-        if e is not None and e.operands["bias"] is lin.bias:  # ... + r: the add's value
+        if e is not None:  # ... + r: the add's value
             operands.update(residual=e.operands["residual"], out_shape=e.operands["out_shape"])
             nodes, outputs = (*g.nodes, x2d, *e.nodes), dict(e.outputs)
         else:  # the projection's (M, N) output itself
