@@ -206,8 +206,10 @@ def test_space_suggests_conditional_configs_and_seeds():
 
 def test_cli_tune_two_buckets_writes_a_recipe_that_loads_and_applies(tmp_path):
     out = tmp_path / "recipe.json"
+    # Two trials per bucket: its seeds "nothing fused" and the predicted best (a third, each
+    # compiled again when the best plans are re-timed, added ~5 s a bucket).
     res = CliRunner().invoke(app, ["tune", "examples/tiny_llama.py", "--shapes", "8,16",
-                                   "--trials", "3", "--rep-ms", "10", "--device", "cpu",
+                                   "--trials", "2", "--rep-ms", "10", "--device", "cpu",
                                    "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "tuned plan per bucket" in res.output and (tmp_path / "recipe.json.journal").exists()
@@ -215,7 +217,7 @@ def test_cli_tune_two_buckets_writes_a_recipe_that_loads_and_applies(tmp_path):
     assert [b.max_len for b in recipe.buckets] == [8, 16]
     for b in recipe.buckets:
         m = b.measured
-        assert m["trials"] == 3 and m["failures"] == {} and m["tuned_ms"] > 0 and m["unfused_ms"] > 0
+        assert m["trials"] == 2 and m["failures"] == {} and m["tuned_ms"] > 0 and m["unfused_ms"] > 0
     assert recipe.model["phase"] == "prefill" and len(recipe.model["fingerprint"]) == 64
     assert recipe.environment["device_type"] == "cpu"
     # The predicted-best seed (every fusion on) ran, applied sites and passed verification.
