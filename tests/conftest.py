@@ -37,3 +37,37 @@ def pytest_runtestloop(session):
     from _pytest.main import pytest_runtestloop as run_tests
 
     return _in_own_stack_chunk(run_tests, session)
+
+
+@pytest.fixture(scope="session")
+def decode_steps():
+    """One decode step (context 12, batch 2) of each example model, eager and then with
+    every fusion applied, from the cache restored in between. test_decode and test_inplace
+    check different things about this same step, which costs ~9 s to compile and run."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from advisor.loader import build, call, first_tensor, inputs_for, load_model_file
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import ALL_FUSIONS
+    from advisor.state import Snapshot
+
+    cpu, steps = torch.device("cpu"), {}
+    for path in ("examples/tiny_llama.py", "examples/llama_hf.py"):
+        mf = load_model_file(path)
+        model = build(mf, cpu, torch.float32)
+        x = inputs_for(mf, 12, 2, cpu, phase="decode", dtype=torch.float32)
+        snap = Snapshot(x)
+        with torch.no_grad():
+            ref = first_tensor(call(model, x))
+        after_eager = Snapshot(x)  # the cache as the eager step left it
+        changed = snap.changed()
+        snap.restore()
+        restored = not snap.changed()
+        fast = apply(model, ALL_FUSIONS, length_of=lambda a, k: 12)
+        with torch.no_grad():
+            got = first_tensor(call(fast, x))
+        steps[path] = SimpleNamespace(ref=ref, got=got, eager_wrote_cache=changed, restored=restored,
+                                      after_eager=after_eager, summary=fast.summary())
+    return steps

@@ -29,19 +29,13 @@ def test_decode_candidates_include_cache_writes():
         assert fams.get("rope_kv_cache") == 2 and fams.get("add_rms_norm") == 4, (path, fams)
 
 
-def test_decode_apply_matches_eager_and_state_is_restored():
+def test_decode_apply_matches_eager_and_state_is_restored(decode_steps):
+    """`decode_steps` (conftest): each example's step, eager then fused from the restored cache."""
     for path in ("examples/tiny_llama.py", "examples/llama_hf.py"):
-        _, model, x = _decode(path)
-        snap = Snapshot(x)
-        with torch.no_grad():
-            ref = first_tensor(call(model, x))
-        assert snap.changed()          # the step wrote its keys/values into the cache
-        snap.restore()
-        assert not snap.changed()
-        fast = apply(model, ALL_FUSIONS, length_of=lambda a, k: 12)
-        with torch.no_grad():
-            got = first_tensor(call(fast, x))
-        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+        step = decode_steps[path]
+        assert step.eager_wrote_cache, path  # the step wrote its keys/values into the cache
+        assert step.restored, path
+        torch.testing.assert_close(step.got, step.ref, atol=1e-4, rtol=1e-4)
 
 
 def _greedy_tiny(model, prompt, steps, s_max):

@@ -6,13 +6,8 @@ from torch import fx
 
 from advisor.graph.capture import aten_backend
 from advisor.graph.inplace import batch_input_increments, write_inputs_in_place
-from advisor.loader import build, call, first_tensor, inputs_for, load_model_file
-from advisor.runtime.apply import apply
-from advisor.runtime.plan import ALL_FUSIONS
-from advisor.state import Snapshot
 
 aten = torch.ops.aten
-CPU = torch.device("cpu")
 
 
 class _Step(torch.nn.Module):
@@ -130,23 +125,14 @@ def test_counter_increments_that_would_differ_in_place_stay():
     assert int(a_val) == 6 and int(b_val) == 8  # the copy wins, as written
 
 
-def test_decode_step_leaves_the_same_cache_as_eager():
+def test_decode_step_leaves_the_same_cache_as_eager(decode_steps):
+    """`decode_steps` (conftest): each example's step, eager then fused from the restored cache."""
     for path in ("examples/tiny_llama.py", "examples/llama_hf.py"):
-        mf = load_model_file(path)
-        model = build(mf, CPU, torch.float32)
-        x = inputs_for(mf, 12, 2, CPU, phase="decode", dtype=torch.float32)
-        snap = Snapshot(x)
-        with torch.no_grad():
-            ref = first_tensor(call(model, x))
-        after_eager = Snapshot(x)
-        snap.restore()
-        fast = apply(model, ALL_FUSIONS, length_of=lambda a, k: 12)
-        with torch.no_grad():
-            got = first_tensor(call(fast, x))
-        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
-        for live, eager in after_eager.pairs:  # the cache written as eager wrote it
+        step = decode_steps[path]
+        torch.testing.assert_close(step.got, step.ref, atol=1e-4, rtol=1e-4)
+        for live, eager in step.after_eager.pairs:  # the cache written as eager wrote it
             torch.testing.assert_close(live, eager, atol=1e-5, rtol=1e-5, msg=path)
-        rows = {r["family"]: r for r in fast.summary()}
+        rows = {r["family"]: r for r in step.summary}
         assert rows["(all)"]["in_place_writes"] == 4, (path, rows)  # k and v of 2 layers
         # RoPE + both cache writes as one op per layer, whatever the model's spelling
         assert rows["rope_kv_cache"]["applied"] == 2 and rows["rope"]["applied"] == 0, (path, rows)
