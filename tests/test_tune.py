@@ -101,16 +101,23 @@ def _trials(options: TuneOptions, name: str) -> list[optuna.trial.FrozenTrial]:
 def _expected(trial, faults: list[tuple[str, str]]) -> str | None:
     """The reason the first faulty family this trial's plan applied must fail it with.
     Patterns run deepest-first: rms_norm_swiglu takes n1, the gate/up projections and
-    act·mul (the whole site); else rms_norm_linear takes n1 and the gate/up projections,
-    so rms_norm, gate_up_swiglu and gate_up_merge apply nowhere; gate_up_swiglu, when it
-    does apply, takes the MLP's only site before gated_act / gate_up_merge."""
+    act·mul (the MLP's whole site); rms_norm_linear takes n1 and the gate/up projections,
+    so gate_up_swiglu and gate_up_merge apply nowhere. rms_norm is left a site unless
+    add_rms_norm takes the residual add+norm sites and a deeper fusion takes n1 (with
+    add_rms_norm off, those sites are plain norms, the final one read by no projection);
+    gate_up_swiglu, when it does apply, takes the MLP's only site before gated_act /
+    gate_up_merge; gated_act_linear takes act·mul (into down_proj) before gated_act."""
     on = set(trial.user_attrs["plan"]["fusions"])
     if "rms_norm_swiglu" in on:
-        on -= {"rms_norm_linear", "rms_norm", "gate_up_swiglu", "gated_act", "gate_up_merge"}
+        on -= {"gate_up_swiglu", "gated_act", "gate_up_merge", "gated_act_linear"}
+    if "add_rms_norm" in on and on & {"rms_norm_linear", "rms_norm_swiglu"}:
+        on -= {"rms_norm"}
     if "rms_norm_linear" in on:
-        on -= {"rms_norm", "gate_up_swiglu", "gate_up_merge"}
+        on -= {"gate_up_swiglu", "gate_up_merge"}
     if "gate_up_swiglu" in on:
-        on -= {"gated_act", "gate_up_merge"}
+        on -= {"gated_act", "gate_up_merge", "gated_act_linear"}
+    if "gated_act_linear" in on:
+        on -= {"gated_act"}
     return next((REASON[kind] for fam, kind in faults if fam in on), None)
 
 
