@@ -36,6 +36,10 @@ _in_own_stack_chunk.__code__ = _in_own_stack_chunk.__code__.replace(co_stacksize
 def pytest_runtestloop(session):
     from _pytest.main import pytest_runtestloop as run_tests
 
+    mine = (pytest_runtestloop, run_tests)
+    if any(not (impl.hookwrapper or impl.wrapper) and impl.function not in mine
+           for impl in session.config.hook.pytest_runtestloop.get_hookimpls()):
+        return None  # another plugin runs the tests (pytest-xdist): its loop, not pytest's
     return _in_own_stack_chunk(run_tests, session)
 
 
