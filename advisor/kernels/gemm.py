@@ -716,27 +716,28 @@ def _run_gemv(x2, w, b, r2, y, partials, p_strides, cfg: Config, norm, flags: di
     return compiled
 
 
-def _epilogue_call(x, w, bias, residual, activation, config):
+def _check_bias_residual(x, w, bias, residual) -> int:
+    """Checks x/w and the optional bias (N,) and residual (..., N); returns N."""
     _check_x_w(x, w)
-    check(activation in GEMM_ACTIVATIONS, f"activation {activation!r} not in {list(GEMM_ACTIVATIONS)}")
     n = w.shape[0]
     if bias is not None:
         _check_like("bias", bias, (n,), x)
     if residual is not None:
         _check_like("residual", residual, (*x.shape[:-1], n), x)
+    return n
+
+
+def _epilogue_call(x, w, bias, residual, activation, config):
+    check(activation in GEMM_ACTIVATIONS, f"activation {activation!r} not in {list(GEMM_ACTIVATIONS)}")
+    n = _check_bias_residual(x, w, bias, residual)
     return _run(x, w, n, act=GEMM_ACTIVATIONS[activation], bias=bias, residual=residual,
                 config=config)
 
 
 def _gated_call(gate, up, w, bias, residual, activation, config):
-    _check_x_w(gate, w)
-    _check_like("up", up, tuple(gate.shape), gate)
     check(activation in ACTIVATIONS, f"activation {activation!r} not in {list(ACTIVATIONS)}")
-    n = w.shape[0]
-    if bias is not None:
-        _check_like("bias", bias, (n,), gate)
-    if residual is not None:
-        _check_like("residual", residual, (*gate.shape[:-1], n), gate)
+    n = _check_bias_residual(gate, w, bias, residual)
+    _check_like("up", up, tuple(gate.shape), gate)
     return _run(gate, w, n, bias=bias, residual=residual, x_up=up, x_act=activation, config=config)
 
 
