@@ -17,7 +17,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,8 @@ from typing import Any
 import torch
 
 from advisor.errors import ModelFileError
+from advisor.kernels._triton import interpreting
+from advisor.kernels.argmax import launch_argmax
 from advisor.kernels.testing import max_abs_error, max_violation, rel_error, tolerance
 from advisor.loader import Inputs, ModelFile, _one_line, call, first_tensor
 from advisor.state import objects_in
@@ -117,17 +118,12 @@ class Generation:
 
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     """argmax over the vocabulary, (B, V) -> (B, 1), as torch.argmax (first maximum; NaN
-    counts as the maximum). For one long row torch reduces in a single block (H200: 28 µs
-    over Llama-3's 128256 logits, 2% of a decode step), so the row is cut into up to 256
-    equal chunks: the max of each (many rows: a parallel reduce), then the argmax over the
-    chunks' maxima, which picks the first chunk holding the maximum."""
-    b, v = logits.shape
-    chunks = math.gcd(v, 256)  # a power of two dividing V: equal chunks, no padding
-    if chunks < 16 or v < 4096:
-        return logits.argmax(-1, keepdim=True)
-    best, where = logits.view(b, chunks, v // chunks).max(-1)  # (B, C) chunk maxima, offsets
-    first = best.argmax(-1, keepdim=True)  # (B, 1) first chunk holding the maximum
-    return first * (v // chunks) + where.gather(1, first)
+    counts as the maximum). On CUDA two small Triton launches (`kernels/argmax.py`): torch
+    reduces one long row in a single block (H200: 28 µs over Llama-3's 128256 logits) and
+    its chunked form takes three launches (≈ 11 µs per token in a decode profile)."""
+    if logits.is_cuda and not interpreting():
+        return launch_argmax(logits)
+    return logits.argmax(-1, keepdim=True)
 
 
 def greedy(model: Callable[..., Any], inputs: Inputs, steps: int, advance: Advance, *,

@@ -88,19 +88,9 @@ def test_decode_greedy_loop_is_the_hand_written_one():
     assert got.logits is not None and got.logits.shape == (2, 6, model.d.vocab)
 
 
-@pytest.mark.parametrize("vocab", [128256, 50257, 4096 * 3, 1000])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_greedy_ids_is_argmax_ties_and_nan_included(vocab, dtype):
-    """The chunked argmax picks what torch.argmax picks: the first of tied maxima (across
-    and within chunks) and a NaN; odd vocabularies take torch.argmax itself."""
-    g = torch.Generator().manual_seed(vocab)
-    x = torch.randn(4, vocab, generator=g).to(dtype)
-    top = x.max() + 1
-    x[1, 5], x[1, vocab - 1] = top, top  # tie across chunks
-    x[2, vocab // 2], x[2, vocab // 2 + 1] = top, top  # tie within a chunk
-    x[3, 7] = float("nan")
+def test_greedy_ids_is_torch_argmax_off_cuda():
+    x = torch.tensor([[0.0, 2.0, 2.0, float("nan")], [1.0, 3.0, 3.0, 0.0]])
     assert torch.equal(greedy_ids(x), x.argmax(-1, keepdim=True))
-    assert torch.equal(greedy_ids(x[:, None, :][:, -1]), x.argmax(-1, keepdim=True))  # a strided view
 
 
 def test_decode_default_advance_replaces_ids_and_moves_positions():
