@@ -22,6 +22,7 @@ KERNEL_MODULES: tuple[str, ...] = (
     "advisor.kernels.gated_act",
     "advisor.kernels.bias_act",
     "advisor.kernels.rope",
+    "advisor.kernels.rope_table",
     "advisor.kernels.merged_linear",
     "advisor.kernels.attention",
     "advisor.kernels.gemm",

@@ -6,6 +6,7 @@ Merged linears and the addmm form of bias+act need a little graph surgery of the
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from typing import Any
 
@@ -32,6 +33,7 @@ KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "rmsnorm_swiglu": (("x", "weight", "weights", "eps", "weight_offset", "activation"), ("y",)),
     "gemm_epilogue": (("x", "weight", "bias", "residual", "activation"), ("y",)),  # own emitter
     "gated_linear": (("gate", "up", "weight", "bias", "residual", "activation"), ("y",)),  # own emitter
+    "rope_table": (("a", "b", "cos_scale", "sin_scale", "dup", "dtype"), ("cos", "sin")),  # own emitter
 }
 
 
@@ -261,6 +263,20 @@ def _emit_rope_cache(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx
     return replaced
 
 
+def _emit_rope_table(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
+    """cos/sin of [cat(f, f) | f], f = transposes(a · b)  becomes  rope_table(a', b', …) with
+    the transposes applied to both factors (views: a bmm's (B, H, 1) and (B, 1, T) operands
+    become (B, 1, H) and (B, T, 1))."""
+    factors = {}
+    for name in ("a", "b"):
+        node = m.operands[name]
+        for d0, d1 in m.operands["transposes"]:
+            with graph.inserting_after(node):
+                node = _new(graph, aten.transpose.int, (node, d0, d1))
+        factors[name] = node
+    return _emit_kernel(graph, dataclasses.replace(m, operands={**m.operands, **factors}), config)
+
+
 def emit(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
     """Insert the fused op for `m`; returns {replaced node: its new value}. The replaced
     nodes become dead (the caller runs DCE)."""
@@ -276,6 +292,8 @@ def emit(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
         return _emit_linear_epilogue(graph, m, config)
     if m.kernel == "gated_linear":
         return _emit_gated_linear(graph, m, config)
+    if m.kernel == "rope_table":
+        return _emit_rope_table(graph, m, config)
     if m.kernel in KERNEL_ARGS:
         return _emit_kernel(graph, m, config)
     raise EmitError(f"no emitter for kernel {m.kernel!r}")

@@ -26,6 +26,7 @@ FAMILIES: dict[str, str] = {
     "linear_residual": "gemm_epilogue",
     "rope": "rope_qk",
     "rope_kv_cache": "rope_qk_cache",
+    "rope_table": "rope_table",
     "attention_rope": "attention",
     "attention": "attention",
     "qkv_merge": "merged_linear",

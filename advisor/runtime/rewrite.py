@@ -50,10 +50,15 @@ class RewriteReport:
     increments_batched: int = 0  # input counters (p += c) written by one _foreach_add_
 
 
+RANDOM_POSITIONS = 8192  # integer operands are confirmed with random values below this
+
+
 def _random_like(node: fx.Node, gen: torch.Generator, slots: int | None = None) -> Any:
     """A random non-zero tensor shaped like the node's value (a SymInt input: its hint).
     `slots`: the match writes a cache of that many positions, and an integer input is the
-    positions it writes: distinct random slots."""
+    positions it writes: distinct random slots; other integer inputs are positions too
+    (random, < RANDOM_POSITIONS). A match whose graph cannot take them (an index out of
+    range) fails to confirm and stays unfused."""
     val = node.meta.get("val")
     if isinstance(val, (int, torch.SymInt)):
         return hint(val)
@@ -63,8 +68,10 @@ def _random_like(node: fx.Node, gen: torch.Generator, slots: int | None = None) 
     shape = tuple(hint(s) for s in t.shape)
     if slots is not None and not t.dtype.is_floating_point and len(shape) == 1 and shape[0] <= slots:
         return torch.randperm(slots, generator=gen)[:shape[0]].to(device=t.device, dtype=t.dtype)
+    if t.dtype in (torch.int32, torch.int64):  # positions (rope_table): long contexts' angles
+        return torch.randint(0, RANDOM_POSITIONS, shape, generator=gen).to(device=t.device, dtype=t.dtype)
     if not t.dtype.is_floating_point:
-        raise EmitError(f"operand {node.name} is {t.dtype}; cannot confirm with random floats")
+        raise EmitError(f"operand {node.name} is {t.dtype}; cannot confirm with random values")
     return randn_nonzero(shape, t.dtype, t.device, gen)
 
 

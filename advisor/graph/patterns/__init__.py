@@ -16,6 +16,8 @@
 |   in the projection's epilogue)|                   |                           |
 | bias_act                       | activation.py     | bias_act.py               |
 | rope (q and k in one launch)   | rope.py           | rope.py                   |
+| rope_table (cos/sin tables of  | rope.py           | rope_table.py             |
+|   positions ⊗ inv_freq)        |                   |                           |
 | qkv_merge, gate_up_merge, ...  | linear.py         | merged_linear.py (cuBLAS) |
 | rms_norm_linear,               | linear.py         | rmsnorm_linear.py (gemm)  |
 |   add_rms_norm_linear (norm as |                   | (LayerNorm: analysis only)|
@@ -65,6 +67,7 @@ def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
         *activation.find_bias_act(gm, params),
         *rope_writes,  # before rope: it subsumes the rotation
         *ropes,
+        *rope.find_tables(gm),  # the cos/sin the rotations read
         *linear.find_merges(gm, params, gated),
         *[m for m in fusable_attention if m.family == "attention"],
         *attention.not_covered(attention.find(gm, ropes), fusable_attention),  # analysis only

@@ -1,4 +1,5 @@
-"""RoPE pattern: x·cos + rotate_half(x)·sin on q and k, paired into one launch.
+"""RoPE patterns: x·cos + rotate_half(x)·sin on q and k, paired into one launch; and the
+cos/sin tables themselves (`find_tables`: cos and sin of positions ⊗ inverse frequencies).
 
 rotate_half(x) = cat(-x[..., R/2:], x[..., :R/2]) is matched whether the halves come from
 slicing or from `chunk`/`split`; the two products may be written in either order. q and k
@@ -10,10 +11,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import torch
 from torch import fx
 
 from advisor.graph.capture import fake, module_path
-from advisor.graph.match import Match, aten, is_getitem, is_op, other_arg
+from advisor.graph.match import CAST_OPS, Match, aten, is_getitem, is_last_dim, is_op, other_arg, scalar
 
 
 def _half_of(node: Any) -> tuple[Any, int, int] | None:
@@ -105,3 +107,91 @@ def find(gm: fx.GraphModule) -> list[Match]:
             found.append(Match("rope", "rope_qk", module, (*q.nodes, *k.nodes), operands,
                                {"q": q.outputs["y"], "k": k.outputs["y"]}))
     return found
+
+
+# --------------------------------------------------------------------------- cos/sin tables
+
+
+def _scaled_cast(node: fx.Node) -> tuple[fx.Node, float, list[fx.Node]] | None:
+    """trig(e) [· scalar] [.to(dtype)]: (the last node, the scale, the nodes) when each step
+    has one reader (a site the fused op can replace whole)."""
+    nodes, scale, out = [node], 1.0, node
+    if len(out.users) == 1 and is_op(nxt := next(iter(out.users)), aten.mul.Tensor):
+        s = scalar(other_arg(nxt, out))
+        if s is not None:
+            nodes.append(nxt)
+            scale, out = s, nxt
+    nxt = next(iter(out.users)) if len(out.users) == 1 else None
+    if is_op(nxt, *CAST_OPS) and set(nxt.kwargs) <= {"dtype"}:
+        nodes.append(nxt)
+        out = nxt
+    return out, scale, nodes
+
+
+def _fp32_factor(node: Any) -> tuple[Any, list[fx.Node]]:
+    """A factor as the kernel reads it: a `.float()` with no other reader is done on load."""
+    if (is_op(node, *CAST_OPS) and node.kwargs.get("dtype") == torch.float32
+            and set(node.kwargs) <= {"dtype"} and len(node.users) == 1):
+        return node.args[0], [node]
+    return node, []
+
+
+def _product(f: Any) -> tuple[Any, Any, list[tuple[int, int]], list[fx.Node]] | None:
+    """f = transposes(a · b): (a, b, the transposes to apply to both, the nodes) where the
+    product is a broadcast mul or a bmm whose contracted dim is 1 (an outer product)."""
+    nodes, swaps = [], []
+    while is_op(f, aten.transpose.int, aten.view.default) and len(f.users) == 1:
+        t_in, t_out = fake(f.args[0]), fake(f)
+        if t_in is None or t_out is None:
+            return None
+        if f.target is aten.transpose.int:
+            swaps.append((int(f.args[1]), int(f.args[2])))
+        elif tuple(t_in.shape) != tuple(t_out.shape):
+            return None  # only identity views (AOT's around bmm)
+        nodes.append(f)
+        f = f.args[0]
+    if not isinstance(f, fx.Node) or len(f.users) != 1:
+        return None
+    if is_op(f, aten.bmm.default):
+        a, b = fake(f.args[0]), fake(f.args[1])
+        if a is None or b is None or a.shape[-1] != 1:
+            return None
+        nodes.append(f)
+        return f.args[0], f.args[1], swaps[::-1], nodes
+    if is_op(f, aten.mul.Tensor) and all(isinstance(x, fx.Node) for x in f.args[:2]):
+        (a, ca), (b, cb) = _fp32_factor(f.args[0]), _fp32_factor(f.args[1])
+        ta, tb, tf = fake(a), fake(b), fake(f)
+        if swaps and (ta is None or tb is None or tf is None or ta.dim() != tf.dim() or tb.dim() != tf.dim()):
+            return None  # transposes of lower-rank (broadcast) factors: not modelled
+        return a, b, swaps[::-1], [*ca, *cb, f, *nodes]
+    return None
+
+
+def _table_at(e: fx.Node) -> Match | None:
+    trig = {u.target: u for u in e.users if is_op(u, aten.cos.default, aten.sin.default)}
+    if len(e.users) != 2 or len(trig) != 2:
+        return None
+    cos_end, cos_scale, cos_nodes = _scaled_cast(trig[aten.cos.default])
+    sin_end, sin_scale, sin_nodes = _scaled_cast(trig[aten.sin.default])
+    tc, ts, te = fake(cos_end), fake(sin_end), fake(e)
+    if tc is None or ts is None or te is None or tc.dtype != ts.dtype or te.dtype != torch.float32:
+        return None
+    f, dup, cat = e, False, []
+    if is_op(e, aten.cat.default) and len(e.args[0]) == 2 and e.args[0][0] is e.args[0][1] \
+            and is_last_dim(e.args[1] if len(e.args) > 1 else 0, e):
+        f, dup, cat = e.args[0][0], True, [e]
+    prod = _product(f)
+    if prod is None or te.dim() > 3:
+        return None
+    a, b, swaps, prod_nodes = prod
+    operands = {"a": a, "b": b, "transposes": swaps, "cos_scale": cos_scale,
+                "sin_scale": sin_scale, "dup": dup, "dtype": tc.dtype}
+    nodes = (*prod_nodes, *cat, *cos_nodes, *sin_nodes)
+    return Match("rope_table", "rope_table", module_path(e), nodes, operands,
+                 {"cos": cos_end, "sin": sin_end})
+
+
+def find_tables(gm: fx.GraphModule) -> list[Match]:
+    """rope_table sites: cos(e) and sin(e) of one fp32 e = [cat(f, f) | f], f a product of
+    two factors (positions ⊗ inverse frequencies), each optionally scaled and cast."""
+    return [m for n in gm.graph.nodes if isinstance(n, fx.Node) and (m := _table_at(n))]
