@@ -112,7 +112,7 @@ def find(gm: fx.GraphModule) -> list[Match]:
 # --------------------------------------------------------------------------- cos/sin tables
 
 
-def _scaled_cast(node: fx.Node) -> tuple[fx.Node, float, list[fx.Node]] | None:
+def _scaled_cast(node: fx.Node) -> tuple[fx.Node, float, list[fx.Node]]:
     """trig(e) [· scalar] [.to(dtype)]: (the last node, the scale, the nodes) when each step
     has one reader (a site the fused op can replace whole)."""
     nodes, scale, out = [node], 1.0, node
@@ -174,7 +174,8 @@ def _table_at(e: fx.Node) -> Match | None:
     cos_end, cos_scale, cos_nodes = _scaled_cast(trig[aten.cos.default])
     sin_end, sin_scale, sin_nodes = _scaled_cast(trig[aten.sin.default])
     tc, ts, te = fake(cos_end), fake(sin_end), fake(e)
-    if tc is None or ts is None or te is None or tc.dtype != ts.dtype or te.dtype != torch.float32:
+    if (tc is None or ts is None or te is None or tc.dtype != ts.dtype or te.dtype != torch.float32
+            or tc.dtype not in (torch.float32, torch.float16, torch.bfloat16)):
         return None
     f, dup, cat = e, False, []
     if is_op(e, aten.cat.default) and len(e.args[0]) == 2 and e.args[0][0] is e.args[0][1] \
