@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from advisor.graph.capture import aten_backend
+from advisor.runtime.apply import apply
 from advisor.runtime.plan import Plan
 from advisor.runtime.rewrite import rewrite
+from tests.hf_models import FAMILIES, ids, tiny_hf
 
 aten = torch.ops.aten
 TABLE_OPS = (aten.cos.default, aten.sin.default, aten.cat.default, aten.bmm.default)
@@ -73,3 +75,14 @@ def test_table_read_elsewhere_is_left_alone():
     got, report, _ = _run(model, x, pos)
     assert not any(s.applied for s in report.sites if s.family == "rope_table")
     torch.testing.assert_close(got, model(x, pos))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_transformers_family_fuses_its_tables(family):
+    model = tiny_hf(family)
+    want = model(**ids(5)).logits
+    fast = apply(model, Plan(fusions=("rope_table",)))
+    got = fast(**ids(5)).logits
+    row = {r["family"]: r for r in fast.summary()}["rope_table"]
+    assert row["applied"] == 1 and not row["unfused"], row
+    torch.testing.assert_close(got, want)
