@@ -14,6 +14,11 @@ holds these rows under "generation", next to "rows".
 With `--ablate`, each shape's plan is also timed with each of its fusions left out (and
 without CUDA graphs): the measured saving per family (advisor/ablation.py), under
 "ablation", which `advisor report` sets against the analyzer's prediction.
+
+Every row also carries `x_floor`: its latency as a multiple of the shape's floor
+(`advisor/profile/floor.py`: weights + live KV cache ÷ copy bandwidth, or FLOPs ÷ matmul
+FLOP/s, whichever is larger; generation rows against the read floor of one step); the
+floors themselves are under "floors".
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import torch
 
 from advisor.ablation import ablation_rows
 from advisor.errors import AdvisorError, ModelFileError
-from advisor.generate import Generation, advancer, check_capacity, compare, timed_greedy
+from advisor.generate import Generation, advancer, cache_capacity, check_capacity, compare, timed_greedy
 from advisor.kernels.testing import rel_error
 from advisor.loader import (
     Inputs,
@@ -37,6 +42,8 @@ from advisor.loader import (
     first_tensor,
     inputs_for,
 )
+from advisor.profile.ceilings import load_or_measure
+from advisor.profile.floor import Floor, floor
 from advisor.runtime.apply import apply
 from advisor.runtime.plan import Plan
 from advisor.runtime.recipe import Recipe
@@ -55,6 +62,7 @@ class BenchResult:
     meta: dict[str, Any] = field(default_factory=dict)
     generation: list[dict[str, Any]] = field(default_factory=list)  # phase decode, --generate N
     ablation: list[dict[str, Any]] = field(default_factory=list)    # --ablate (advisor/ablation.py)
+    floors: list[dict[str, Any]] = field(default_factory=list)      # per shape (profile/floor.py)
 
 
 def _peak_mb(fn: Any, device: torch.device) -> float | None:
@@ -112,6 +120,8 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
     refs = {t: first_tensor(checked_forward(mf, model, inputs[t])) for t in shapes}
     for s in states.values():
         s.restore()
+    floors = _floors(model, inputs, states, device, dtype, phase)
+    result.floors = [{"shape": t, **f.to_json()} for t, f in floors.items()]
     exact = fp32_truth(mf, model, shapes, batch, device, phase) if truth and dtype != torch.float32 else {}
     # Decode calls are routed by context length, which the bench knows (reading it from
     # cache_position would cost a device sync per step).
@@ -163,9 +173,31 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
             if gen:
                 gen.run(f"torch.compile[{mode}]", compiled)
         torch._dynamo.reset()
-    result.rows = _with_speedups(rows, "ms")
-    result.generation = _with_speedups(gen.rows, "ms_per_token") if gen else []
+    result.rows = _with_floor(_with_speedups(rows, "ms"), "ms", {t: f.ms for t, f in floors.items()})
+    result.generation = _with_floor(_with_speedups(gen.rows, "ms_per_token"), "ms_per_token",
+                                    {t: f.read_ms for t, f in floors.items()}) if gen else []
     return result
+
+
+def _floors(model: torch.nn.Module, inputs: dict[int, Inputs], states: dict[int, Snapshot],
+            device: torch.device, dtype: torch.dtype, phase: str) -> dict[int, Floor]:
+    """Each shape's floor (profile/floor.py), the state each pass moved restored."""
+    ceilings = load_or_measure(device)
+    out = {}
+    for t, x in inputs.items():
+        decode = phase == "decode"
+        out[t] = floor(model, x, ceilings, dtype, decode=decode, context_len=t if decode else 0,
+                       capacity=cache_capacity(x) if decode else None)
+        states[t].restore()
+    return out
+
+
+def _with_floor(rows: list[dict[str, Any]], key: str, floor_ms: dict[int, float]) -> list[dict[str, Any]]:
+    """Each row's `key` as a multiple of its shape's floor ("x_floor")."""
+    for r in rows:
+        f = floor_ms.get(r["shape"])
+        r["x_floor"] = r[key] / f if r.get(key) and f else None
+    return rows
 
 
 def _advisor_row(fast: Any, x: Inputs, state: Snapshot, ref: torch.Tensor, exact: torch.Tensor | None,
@@ -275,4 +307,4 @@ class _GenerationBench:
 def to_json(r: BenchResult) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "kind": "advisor.bench", "environment": r.environment,
             "meta": r.meta, "rows": r.rows, "generation": r.generation, "applied": r.applied,
-            "ablation": r.ablation}
+            "ablation": r.ablation, "floors": r.floors}

@@ -66,6 +66,9 @@ def test_bench_decode_generate_fused_tokens_are_eagers_over_32_steps_and_cache_r
     assert len(eager["tokens"][0]) == 32 and len(set(eager["tokens"][0])) > 1  # not a degenerate loop
     assert fused["compared_steps"] == 32 and fused["max_error"] < 1e-4
     assert fused["ms_per_token"] > 0 and fused["tokens_per_s"] > 0 and fused["speedup_vs_eager"] > 0
+    (f,) = result.floors  # profile/floor.py: weights + the cache, reported per row as x_floor
+    assert f["shape"] == 12 and f["weight_bytes"] > 0 and f["state_bytes"] > 0 and f["floor_ms"] > 0
+    assert all(r["x_floor"] > 0 for r in result.rows + result.generation)
     # One compile for every step: positions advance without recompiling.
     assert [r["compiles"] for r in result.applied if r["family"] == "(all)"] == [1]
     fresh = inputs_for(load_model_file(path), 12, batch, CPU, phase="decode", dtype=torch.float32)

@@ -117,7 +117,8 @@ def _cell(v: Any) -> str:
 
 GENERATION_COLUMNS = {
     "shape": "context", "variant": "variant", "ms_per_token": "ms/token", "tokens_per_s": "tokens/s",
-    "speedup_vs_eager": "speed-up", "tokens_match": "same tokens", "first_divergence": "diverges at",
+    "speedup_vs_eager": "speed-up", "x_floor": "× floor", "tokens_match": "same tokens",
+    "first_divergence": "diverges at",
     "max_error": "max |Δlogit|", "matches_eager": "ok",
 }
 TOKENS_SHOWN = 5

@@ -5,7 +5,8 @@ Input: a bench dict (`advisor.bench.to_json`, or a `benchmarks/` result with the
 carry `matches_eager` and the `verdict` that says why; a variant that failed has `ms`
 None and an `error`. "generation" (`advisor bench --phase decode --generate N`) holds
 greedy-generation rows, one per context length and variant: `new_tokens`,
-`ms_per_token`, `tokens_per_s`, `speedup_vs_eager` and, for all but eager,
+`ms_per_token`, `tokens_per_s`, `speedup_vs_eager`, `x_floor` (per-token latency ÷ the
+read floor of one step) and, for all but eager,
 `tokens_match`, `first_divergence` (a 0-based step or None), `compared_steps`,
 `max_error`, `rel_error`, `logits_match` and `matches_eager` (`advisor.generate.compare`);
 a failed variant has `ms_per_token` None and an `error`. Their generated `tokens` are
@@ -19,8 +20,8 @@ from typing import Any
 from advisor.report.html_common import DASH, PALETTE, _cell, _e, _f, _num, _table
 from advisor.report.svg import frame, legend, ms_axis, svg
 
-BENCH_COLUMNS = ("shape", "variant", "ms", "speedup_vs_eager", "kernels", "first_call_s", "peak_mb",
-                 "max_error", "rel_error", "matches_eager", "error")
+BENCH_COLUMNS = ("shape", "variant", "ms", "speedup_vs_eager", "x_floor", "kernels", "first_call_s",
+                 "peak_mb", "max_error", "rel_error", "matches_eager", "error")
 SHOWN_INSIDE = ("verdict",)  # keys rendered inside another column's cell (matches_eager)
 ERROR_SHOWN = 300  # characters of an error message in a cell; all of it in the tooltip
 FAILED_COLOR = PALETTE[1]
@@ -113,12 +114,13 @@ def _generation_verdict(r: dict) -> tuple[str, bool]:
 
 
 def _generation_table(rows: list[dict]) -> str:
-    heads = ["variant", "ms / token", "tokens / s", "speed-up vs eager", "tokens vs eager",
-             "logits rel error", "matches eager"]
+    heads = ["variant", "ms / token", "tokens / s", "speed-up vs eager", "× read floor",
+             "tokens vs eager", "logits rel error", "matches eager"]
     failed = any(r.get("error") for r in rows)
     body = [[(_e(r.get("variant")), False), (_f(r.get("ms_per_token")), True),
              (_f(r.get("tokens_per_s"), ".1f"), True), (_f(r.get("speedup_vs_eager"), ".2f", "×"), True),
-             _tokens_cell(r), _logits_cell(r), _generation_verdict(r)]
+             (_f(r.get("x_floor"), ".3f", "×"), True), _tokens_cell(r), _logits_cell(r),
+             _generation_verdict(r)]
             + ([_error(r.get("error"))] if failed else []) for r in rows]
     return _table(heads + (["error"] if failed else []), body)
 
