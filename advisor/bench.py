@@ -121,7 +121,7 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
     for s in states.values():
         s.restore()
     floors = _floors(model, inputs, states, device, dtype, phase)
-    result.floors = [{"shape": t, **f.to_json()} for t, f in floors.items()]
+    result.floors = _floor_rows(floors)
     exact = fp32_truth(mf, model, shapes, batch, device, phase) if truth and dtype != torch.float32 else {}
     # Decode calls are routed by context length, which the bench knows (reading it from
     # cache_position would cost a device sync per step).
@@ -173,23 +173,39 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
             if gen:
                 gen.run(f"torch.compile[{mode}]", compiled)
         torch._dynamo.reset()
-    result.rows = _with_floor(_with_speedups(rows, "ms"), "ms", {t: f.ms for t, f in floors.items()})
+    result.rows = _with_floor(_with_speedups(rows, "ms"), "ms", _floor_ms(floors))
     result.generation = _with_floor(_with_speedups(gen.rows, "ms_per_token"), "ms_per_token",
-                                    {t: f.read_ms for t, f in floors.items()}) if gen else []
+                                    _floor_ms(floors, read_only=True)) if gen else []
     return result
 
 
 def _floors(model: torch.nn.Module, inputs: dict[int, Inputs], states: dict[int, Snapshot],
-            device: torch.device, dtype: torch.dtype, phase: str) -> dict[int, Floor]:
-    """Each shape's floor (profile/floor.py), the state each pass moved restored."""
-    ceilings = load_or_measure(device)
-    out = {}
+            device: torch.device, dtype: torch.dtype, phase: str) -> dict[int, Floor | str]:
+    """Each shape's floor (profile/floor.py), the state each pass moved restored; where a
+    model's forward cannot be measured that way, the reason instead (the bench goes on)."""
+    out: dict[int, Floor | str] = {}
+    try:
+        ceilings = load_or_measure(device)
+    except Exception as exc:  # noqa: BLE001 - a report column, never the bench's failure
+        return {t: f"ceilings: {_one_line(exc)}" for t in inputs}
     for t, x in inputs.items():
         decode = phase == "decode"
-        out[t] = floor(model, x, ceilings, dtype, decode=decode, context_len=t if decode else 0,
-                       capacity=cache_capacity(x) if decode else None)
+        try:
+            out[t] = floor(model, x, ceilings, dtype, decode=decode, context_len=t if decode else 0,
+                           capacity=cache_capacity(x) if decode else None)
+        except Exception as exc:  # noqa: BLE001
+            out[t] = _one_line(exc)
         states[t].restore()
     return out
+
+
+def _floor_rows(floors: dict[int, Floor | str]) -> list[dict[str, Any]]:
+    return [{"shape": t, **(f.to_json() if isinstance(f, Floor) else {"error": f})}
+            for t, f in floors.items()]
+
+
+def _floor_ms(floors: dict[int, Floor | str], read_only: bool = False) -> dict[int, float]:
+    return {t: f.read_ms if read_only else f.ms for t, f in floors.items() if isinstance(f, Floor)}
 
 
 def _with_floor(rows: list[dict[str, Any]], key: str, floor_ms: dict[int, float]) -> list[dict[str, Any]]:

@@ -44,3 +44,23 @@ def test_floor_is_the_larger_of_read_and_compute():
     assert f.state_bytes == 0 and f.read_ms == f.weight_bytes / 1e9 * 1e3
     assert f.flops >= 2 * 2 * (8 * 8 + 8 * 100) and f.ms == max(f.read_ms, f.compute_ms)
     assert f.to_json()["floor_ms"] == f.ms
+
+
+def test_bench_goes_on_when_the_floor_cannot_be_measured(monkeypatch):
+    import advisor.bench as bench
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no dispatch here")
+
+    monkeypatch.setattr(bench, "floor", broken)
+    x = {4: (torch.tensor([[1, 2]]),)}
+    floors = bench._floors(_LM(False), x, {4: _NoState()}, torch.device("cpu"), torch.float32, "prefill")
+    assert floors[4].startswith("RuntimeError: no dispatch here")
+    assert bench._floor_rows(floors) == [{"shape": 4, "error": floors[4]}]
+    rows = bench._with_floor([{"shape": 4, "ms": 2.0}], "ms", bench._floor_ms(floors))
+    assert rows[0]["x_floor"] is None
+
+
+class _NoState:
+    def restore(self):
+        pass
