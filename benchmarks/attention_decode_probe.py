@@ -2,13 +2,14 @@
 
 A `transformers` StaticCache holds max_cache_len slots; a decode step attends over all of
 them with an additive mask that is -inf past the current position (in our decode
-benchmark the cache holds 2x the context, so half the keys are dead). `_attend` skips key
-blocks the mask hides from every row, so a split over dead slots reads no K/V; with more
-splits (SPLITS = 32) the live half keeps the SMs busy. This probe times, per context, one
+benchmark the cache holds 2x the context, so half the keys are dead). Skipping the dead
+keys was tried twice and lost on the H200 (a per-block skip inside the key loop stops
+Triton's pipelining; a per-split live-range pass costs a dependent mask read: +3.7 µs per
+layer, NOTES sessions 6–7): every split reads its keys. This probe times, per context, one
 layer's decode attention (Llama-3-8B: 32 q / 8 kv heads, D = 128, batch 1, bf16):
 SDPA over the whole cache with the mask (GQA without repeat_kv, as reduce-overhead runs
 it at best), ours over the whole cache per config, and ours over the live slots only
-(no mask: the floor the skip can reach). Output checked against the reference each time.
+(no mask: what a free skip could reach). Output checked against the reference each time.
 
     python benchmarks/attention_decode_probe.py --contexts 512,2048   # JSON under $OUT
 """
