@@ -22,7 +22,6 @@ latency as a multiple of the floor.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from advisor.loader import Inputs, call
 from advisor.profile.ceilings import Ceilings, dtype_name
-from advisor.profile.costs import op_costs
+from advisor.profile.costs import _tensors, op_costs
 from advisor.state import tensors_in
 
 aten = torch.ops.aten
@@ -81,17 +80,6 @@ class _ParamReads(TorchDispatchMode):
                 if key in self.params:
                     self.read[key] = self.params[key]
         return func(*args, **kwargs)
-
-
-def _tensors(obj: Any) -> Iterable[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from _tensors(item)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from _tensors(item)
 
 
 def weight_bytes(model: torch.nn.Module, inputs: Inputs) -> int:
