@@ -188,8 +188,8 @@ def _floors(model: torch.nn.Module, inputs: dict[int, Inputs], states: dict[int,
         ceilings = load_or_measure(device)
     except Exception as exc:  # noqa: BLE001 - a report column, never the bench's failure
         return {t: f"ceilings: {_one_line(exc)}" for t in inputs}
+    decode = phase == "decode"
     for t, x in inputs.items():
-        decode = phase == "decode"
         try:
             out[t] = floor(model, x, ceilings, dtype, decode=decode, context_len=t if decode else 0,
                            capacity=cache_capacity(x) if decode else None)

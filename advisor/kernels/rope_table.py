@@ -29,6 +29,7 @@ Example (CPU needs TRITON_INTERPRET=1)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -133,10 +134,7 @@ def _shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
 
 def _problem(a: torch.Tensor, b: torch.Tensor) -> Problem:
     shape = _shape(a, b)
-    rows = 1
-    for d in shape[:-1]:
-        rows *= d
-    return {"rows": rows, "half": shape[-1]}
+    return {"rows": math.prod(shape[:-1]), "half": shape[-1]}
 
 
 def _prepare(a, b, cos_scale, sin_scale, dup, dtype, config):

@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from advisor.loader import Inputs, call
 from advisor.profile.ceilings import Ceilings, dtype_name
-from advisor.profile.costs import _tensors, op_costs
+from advisor.profile.costs import _storage, _tensors, op_costs
 from advisor.state import tensors_in
 
 aten = torch.ops.aten
@@ -52,10 +52,6 @@ class Floor:
         return {"weight_bytes": self.weight_bytes, "state_bytes": self.state_bytes,
                 "flops": self.flops, "read_ms": self.read_ms, "compute_ms": self.compute_ms,
                 "floor_ms": self.ms}
-
-
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
 
 
 class _ParamReads(TorchDispatchMode):
@@ -97,9 +93,10 @@ def state_bytes(model: torch.nn.Module, inputs: Inputs, context_len: int,
     params = {_storage(p) for p in model.parameters()}
     total, seen = 0, set()
     for t in tensors_in(inputs):
-        if not t.is_floating_point() or _storage(t) in params or _storage(t) in seen:
+        key = _storage(t)
+        if not t.is_floating_point() or key in params or key in seen:
             continue
-        seen.add(_storage(t))
+        seen.add(key)
         nbytes = t.numel() * t.element_size()
         if capacity and capacity in t.shape:
             nbytes = nbytes * min(context_len + 1, capacity) // capacity
