@@ -34,9 +34,10 @@ def _cfg(bm, bn, splits=1, w=4, stages=2):
 
 
 def _check(q, k, v, cos=None, sin=None, mask=None, causal=False, interleaved=False,
-           config=None, scale=None):
-    out = attn.launch_attention(q, k, v, cos, sin, mask, causal, scale, interleaved, config)
-    ref = attn.reference(q, k, v, cos, sin, causal, scale, mask, None, interleaved)
+           config=None, scale=None, q_pos=None):
+    out = attn.launch_attention(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos,
+                                config=config)
+    ref = attn.reference(q, k, v, cos, sin, causal, scale, mask, None, interleaved, q_pos)
     assert out.is_contiguous() and out.dtype == q.dtype and out.shape == q.shape
     assert_close(out, ref)
     return out
@@ -178,11 +179,49 @@ def test_decode_static_cache_mask_skips_hidden_blocks(dtype):
     _check(q, k, v, mask=mask, causal=True, config=_cfg(16, 16, splits=4))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_positions_instead_of_a_static_cache_mask(dtype):
+    """q_pos: key j visible to query i of batch b iff j <= q_pos[b, i], the additive mask
+    transformers builds for a static cache. Batch rows sit at different positions (dead
+    slots at the end of the cache, whole dead splits); the decode splits share out only the
+    live keys; a row at position -1 sees nothing (0); every spelling of the positions."""
+    gen = _gen(17)
+    tk = 80
+    for tq, pos in ((1, torch.tensor([[52], [9]])), (2, torch.tensor([[40, 41], [-1, 70]]))):
+        q, k, v = _qkv(2, 4, 2, tq, tk, 32, dtype, gen)
+        mask = torch.zeros(2, 1, tq, tk).masked_fill(~attn.position_keep(pos, tq, tk),
+                                                     float("-inf")).to(dtype)
+        want = attn.reference(q, k, v, mask=mask)
+        for cfg in (_cfg(16, 16), _cfg(16, 16, splits=4), _cfg(16, 32, splits=2), _cfg(32, 16, splits=4)):
+            out = _check(q, k, v, q_pos=pos, config=cfg)
+            assert_close(out, want)
+        # more splits than live key blocks (past `keep`): the last splits are empty
+        _, tables, m4, p2 = attn._prepare(q, k, v, None, None, None, False, None, False, None, pos)
+        assert_close(attn._run(q, k, v, tables, m4, False, None, False, _cfg(16, 16, splits=8),
+                               pos=p2)[0], want)
+        if tq == 2:
+            assert torch.equal(out[1, :, 0], torch.zeros_like(out[1, :, 0]))
+    q, k, v = _qkv(2, 4, 2, 1, tk, 32, dtype, gen)
+    for spelling in (torch.tensor([33]), torch.tensor([[33]]), torch.tensor([33, 33]).view(2, 1, 1, 1)):
+        _check(q, k, v, q_pos=spelling.to(torch.int32), config=_cfg(16, 16, splits=4))
+
+
+def test_positions_at_prefill_with_causal():
+    """Tq > 16 (prefill tiles): per-row bounds from the positions, alone and with is_causal."""
+    gen = _gen(18)
+    b, tq, tk = 2, 21, 37
+    q, k, v = _qkv(b, 4, 2, tq, tk, 16, torch.bfloat16, gen)
+    pos = torch.stack([torch.arange(tq) + 3, torch.arange(tq) * 2 - 4])  # (B, Tq), some < 0
+    for cfg in (_cfg(16, 16), _cfg(32, 32)):
+        _check(q, k, v, q_pos=pos, config=cfg)
+        _check(q, k, v, q_pos=pos, causal=True, config=cfg)
+
+
 def test_decode_empty_splits():
     # A config the space drops (SPLITS 8 > key blocks) still computes right: empty splits
     # leave (m, l) = (-inf, 0) and get weight 0 in the combine.
     q, k, v = _qkv(1, 3, 1, 2, 20, 16, torch.float32, _gen(9))
-    cfg, tables, m4 = attn._prepare(q, k, v, None, None, None, True, None, False, None)
+    cfg, tables, m4, _ = attn._prepare(q, k, v, None, None, None, True, None, False, None)
     out, _ = attn._run(q, k, v, tables, m4, True, None, False, _cfg(16, 16, splits=8))
     assert_close(out, attn.reference(q, k, v, causal=True))
 
@@ -201,15 +240,16 @@ def test_reference_matches_sdpa():
 def test_custom_op_and_compile(monkeypatch):
     calls = []
     launch = attn.launch_attention
-    monkeypatch.setattr(attn, "launch_attention", lambda *a: calls.append(a[-1]) or launch(*a))
+    monkeypatch.setattr(attn, "launch_attention",
+                        lambda *a, **kw: calls.append(kw["config"]) or launch(*a, **kw))
     gen = _gen(11)
     q, k, v = _qkv(1, 4, 2, 17, 17, 16, torch.bfloat16, gen)
     cos, sin = rope.rope_tables(torch.arange(17), 16, True, torch.bfloat16)
     mask = randn_nonzero((1, 1, 17, 17), torch.bfloat16, CPU, gen)
-    out = torch.ops.advisor.attention(q, k, v, None, None, None, True, 0.25, False, "")
+    out = torch.ops.advisor.attention(q, k, v, None, None, None, True, 0.25, False, None, "")
     assert_close(out, attn.reference(q, k, v, causal=True, scale=0.25))
     cfg = "BLOCK_M=32,BLOCK_N=16,SPLITS=1,num_stages=2,num_warps=4"
-    fn = torch.compile(lambda *a: torch.ops.advisor.attention(*a, False, 0.25, True, cfg),
+    fn = torch.compile(lambda *a: torch.ops.advisor.attention(*a, False, 0.25, True, None, cfg),
                        backend="eager", fullgraph=True)
     assert_close(fn(q, k, v, cos, sin, mask),
                  attn.reference(q, k, v, cos, sin, False, 0.25, mask, True, True))
@@ -227,23 +267,26 @@ def test_rejects_bad_input():
         dict(mask=torch.zeros(1, 4, 5, 6)), dict(mask=torch.zeros(5, 7, dtype=torch.int32)),
         dict(cos=cos[:, :6], sin=sin[:, :6]), dict(cos=cos, sin=sin[..., :8]),
         dict(q=randn_nonzero((1, 4, 8, 16), torch.float32, CPU, gen), cos=cos, sin=sin),
-        dict(config={"BLOCK_M": 16}),
+        dict(config={"BLOCK_M": 16}), dict(q_pos=torch.arange(5.0)),  # float positions
+        dict(q_pos=torch.arange(3)),  # neither Tq nor B·Tq positions
     ]
-    base = dict(q=q, k=k, v=v, cos=None, sin=None, mask=None, config=None)
+    base = dict(q=q, k=k, v=v, cos=None, sin=None, mask=None, q_pos=None, config=None)
     for change in bad:
         args = base | change
         with pytest.raises(KernelInputError):
             attn.launch_attention(args["q"], args["k"], args["v"], args["cos"], args["sin"],
-                                  args["mask"], False, None, False, args["config"])
+                                  args["mask"], False, None, False, args["q_pos"],
+                                  config=args["config"])
     # A config outside `keep` for this problem (more splits than key blocks, as a config
     # tuned at a longer context would be) runs the problem's default: same result.
-    out = attn.launch_attention(q, k, v, None, None, None, False, None, False, _cfg(16, 16, splits=2))
+    out = attn.launch_attention(q, k, v, None, None, None, False, None, False,
+                                config=_cfg(16, 16, splits=2))
     assert_close(out, attn.reference(q, k, v))
     wide = torch.zeros(1, 1, 2, 264)
     with pytest.raises(KernelInputError, match="head dim"):
         attn.launch_attention(wide, wide, wide)
     assert torch.ops.advisor.attention(wide, wide, wide, None, None, None, False, 1.0, False,
-                                       "").shape == wide.shape  # falls back to the reference
+                                       None, "").shape == wide.shape  # falls back to the reference
 
 
 def test_empty():

@@ -97,6 +97,10 @@ class Match:
     nodes:    every node of the matched subgraph.
     operands: name -> fx.Node or constant, the fused op's inputs.
     outputs:  name -> fx.Node whose value the fused op produces (external users read them).
+    shared:   nodes of `nodes` that other sites read too (a decoder's one causal mask, read
+              by every layer's attention): the fused op recomputes what it needs of them, so
+              they are checked with the site but stay in the graph until their last reader
+              is gone, and are not priced as this site's saving.
     """
 
     family: str
@@ -105,9 +109,11 @@ class Match:
     nodes: tuple[fx.Node, ...]
     operands: dict[str, Any] = field(default_factory=dict)
     outputs: dict[str, fx.Node] = field(default_factory=dict)
+    shared: tuple[fx.Node, ...] = ()
 
     def launches(self) -> int:
-        return sum(launches(n) for n in self.nodes)
+        shared = set(self.shared)
+        return sum(launches(n) for n in self.nodes if n not in shared)
 
     def external_inputs(self) -> list[fx.Node]:
         inside = set(self.nodes)
@@ -121,9 +127,9 @@ class Match:
     def bytes_avoided(self) -> int:
         """Unfused traffic (each launching node reads its inputs, writes its output) minus
         fused traffic (external inputs read once, outputs written once)."""
-        unfused = 0
+        unfused, shared = 0, set(self.shared)
         for n in self.nodes:
-            if launches(n):
+            if launches(n) and n not in shared:
                 unfused += nbytes(n) + sum(nbytes(strip_views(a)) for a in n.all_input_nodes)
         fused = sum(nbytes(strip_views(a)) for a in self.external_inputs())
         fused += sum(nbytes(o) for o in self.outputs.values())
@@ -132,8 +138,8 @@ class Match:
     def self_contained(self) -> bool:
         """True when only `outputs` are read outside the subgraph, so replacing the subgraph
         by one op cannot change any other value."""
-        inside, outs = set(self.nodes), set(self.outputs.values())
-        return all(set(n.users) <= inside for n in self.nodes if n not in outs)
+        inside, keep = set(self.nodes), {*self.outputs.values(), *self.shared}
+        return all(set(n.users) <= inside for n in self.nodes if n not in keep)
 
 
 def module_of(nodes: Iterable[fx.Node]) -> str:

@@ -5,7 +5,10 @@ fp32 accumulator). RoPE (both conventions of `advisor.kernels.rope`) rotates q a
 are loaded: no rotated q/k is written. GQA/MQA maps q head h to kv head h // (Hq/Hkv).
 q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D) in any strides; out (B, Hq, Tq, D) contiguous. Causal
 is bottom-right (query i sees keys j <= i + Tk - Tq, as with a KV cache) and query i takes
-RoPE row i + Tk - Tq. A row with every key masked (-inf) returns 0.
+RoPE row i + Tk - Tq. `q_pos` (B|1, Tq) integer positions: query i of batch b sees keys
+j <= q_pos[b, i] (a static KV cache's causal mask, computed from the positions instead of
+read: keys past the last position are never loaded, and at decode the splits share out
+only those live keys). A row with every key masked (-inf) returns 0.
 
 Prefill (Tq > 16): grid (cdiv(Tq, BLOCK_M), B·Hq); each program walks the key blocks every
 row sees whole without masks, then the diagonal/tail blocks with masks, and skips the rest.
@@ -67,9 +70,10 @@ MAX_D = 256
 
 
 def reference(q, k, v, cos=None, sin=None, causal: bool = False, scale: float | None = None,
-              mask=None, rope: bool | None = None, interleaved: bool = False) -> torch.Tensor:
-    """softmax(q·kᵀ·scale + mask [+ causal]) · v in fp32, cast to q.dtype; rows with every
-    key masked give 0. RoPE (`rope`, default: cos given) is `advisor.kernels.rope.reference`
+              mask=None, rope: bool | None = None, interleaved: bool = False,
+              q_pos=None) -> torch.Tensor:
+    """softmax(q·kᵀ·scale + mask [+ causal] [+ keys past q_pos]) · v in fp32, cast to
+    q.dtype; rows with every key masked give 0. RoPE (`rope`, default: cos given) is `advisor.kernels.rope.reference`
     (rotated q, k rounded to q.dtype, as HF does before attention).
 
     >>> q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8)
@@ -91,6 +95,8 @@ def reference(q, k, v, cos=None, sin=None, causal: bool = False, scale: float | 
     if causal:
         keep = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
         s = s.masked_fill(~keep, float("-inf"))
+    if q_pos is not None:
+        s = s.masked_fill(~position_keep(q_pos, tq, tk), float("-inf"))
     if tk == 0:
         return q.new_zeros(q.shape)
     m = s.amax(-1, keepdim=True)
@@ -104,12 +110,18 @@ def _rope_ref(x, cos, sin, interleaved):
     return rope.reference(x, x[:, :1], cos, sin, interleaved)[0]
 
 
-def reference_op(q, k, v, cos, sin, mask, causal, scale, interleaved) -> torch.Tensor:
+def position_keep(q_pos, tq: int, tk: int) -> torch.Tensor:
+    """(B|1, 1, Tq, Tk) bool: key j visible to query i of batch b iff j <= q_pos[b, i]."""
+    keys = torch.arange(tk, device=q_pos.device)
+    return (keys <= q_pos.reshape(-1, tq)[..., None])[:, None]
+
+
+def reference_op(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos=None) -> torch.Tensor:
     """`reference` in the custom op's argument order (the KernelSpec tuple)."""
-    return reference(q, k, v, cos, sin, causal, scale, mask, cos is not None, interleaved)
+    return reference(q, k, v, cos, sin, causal, scale, mask, cos is not None, interleaved, q_pos)
 
 
-def unfused(q, k, v, cos, sin, mask, causal, scale, interleaved) -> torch.Tensor:
+def unfused(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos=None) -> torch.Tensor:
     """The eager ops a `transformers` model runs instead: RoPE as separate elementwise ops
     (`rope.unfused`), then `scaled_dot_product_attention` with its best backend (GQA through
     `enable_gqa`, causal through `is_causal` where queries and keys align, else a bottom-right
@@ -122,12 +134,16 @@ def unfused(q, k, v, cos, sin, mask, causal, scale, interleaved) -> torch.Tensor
             q = rope.unfused(q, q[:, :1], cos[..., tk - tq:, :], sin[..., tk - tq:, :], interleaved)[0]
             k = rope.unfused(k, k[:, :1], cos, sin, interleaved)[0]
     attn_mask, is_causal = mask, False
+    if q_pos is not None:  # what transformers builds for a static cache: an additive mask
+        keep = position_keep(q_pos, tq, tk)
+        attn_mask = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill(
+            ~keep, float("-inf")) + (0 if mask is None else mask)
     if causal and tq > 1:
         if mask is None and tq == tk:
             is_causal = True
         else:
             keep = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
-            attn_mask = keep if mask is None else mask.masked_fill(~keep, float("-inf"))
+            attn_mask = keep if attn_mask is None else attn_mask.masked_fill(~keep, float("-inf"))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                           scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
@@ -175,11 +191,13 @@ def _dot(a, b, INTERP_BF16: tl.constexpr):
 
 @triton.jit
 def _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, mask_base, mask_rows, i, row_ok,
-            lo, hi, off, sm_scale, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j, D, R: tl.constexpr,
-            CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, INTERLEAVED: tl.constexpr,
-            MASKED: tl.constexpr, INTERP_BF16: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+            pos_i, lo, hi, off, sm_scale, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j, D, R: tl.constexpr,
+            CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_POS: tl.constexpr,
+            INTERLEAVED: tl.constexpr, MASKED: tl.constexpr, INTERP_BF16: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Online-softmax update over keys [lo, hi) in BLOCK_N steps. MASKED: apply the key
-    bound (hi) and the causal diagonal; unmasked calls cover blocks every row sees whole."""
+    bound (hi), the causal diagonal and each row's position bound (pos_i, (BLOCK_M,));
+    unmasked calls cover blocks every row sees whole."""
     d = tl.arange(0, BLOCK_D)
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
@@ -197,6 +215,8 @@ def _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, mask_base, mask_rows, i,
             valid = n_ok[None, :]
             if CAUSAL:
                 valid = valid & (n[None, :] <= i[:, None] + off)
+            if HAS_POS:
+                valid = valid & (n[None, :] <= pos_i[:, None])
             s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: p = 0
@@ -210,20 +230,23 @@ def _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, mask_base, mask_rows, i,
 
 
 @triton.jit
-def _key_range(r0, lo, CHUNK, ROWS, TQ, TK, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr):
+def _key_range(r0, lo, CHUNK, ROWS, TQ, TK, pos_min, pos_max, CAUSAL: tl.constexpr,
+               HAS_POS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Keys of a split [lo, lo + CHUNK) for tile rows [r0, r0 + BLOCK_M) as (lo, full, hi):
     [lo, full) whole blocks every row sees unmasked, [full, hi) blocks needing masks; keys
-    past hi are masked for every row (causal) and skipped."""
+    past hi are masked for every row (causal, positions in [pos_min, pos_max]) and skipped."""
     hi = tl.minimum(lo + CHUNK, TK)
     full = hi
+    if HAS_POS:
+        hi = tl.minimum(hi, pos_max + 1)
+        full = tl.minimum(hi, pos_min + 1)
     if CAUSAL:  # query positions of the tile: [i_lo, i_hi] (all of them across heads)
         r1 = tl.minimum(r0 + BLOCK_M, ROWS) - 1
         one_head = r0 // TQ == r1 // TQ
         i_lo = tl.where(one_head, r0 % TQ, 0)
         i_hi = tl.where(one_head, r1 % TQ, TQ - 1)
         hi = tl.minimum(hi, i_hi + TK - TQ + 1)
-        full = tl.minimum(hi, i_lo + TK - TQ + 1)
+        full = tl.minimum(tl.minimum(hi, full), i_lo + TK - TQ + 1)
     return lo, lo + tl.maximum(full - lo, 0) // BLOCK_N * BLOCK_N, hi
 
 
@@ -232,6 +255,7 @@ def _attn_kernel(
     Q, K, V,  # (B, Hq, Tq, D), (B, Hkv, Tk, D), (B, Hkv, Tk, D); any strides
     COS, SIN,  # (Bc, Tk, R) contiguous tables (read iff R > 0)
     MASK,  # additive mask as a (B, Hq, Tq, Tk) view, stride 0 on broadcast dims (iff HAS_MASK)
+    POS,  # integer positions (B|1, Tq), strides sp_b (0: one row for every batch), sp_t (iff HAS_POS)
     OUT,  # SPLIT: fp32 partial acc (SPLITS, B, Hq, Tq, D); else out (B, Hq, Tq, D) contiguous
     M_PART, L_PART,  # SPLIT: fp32 (SPLITS, B, Hq, Tq) running max / sum per row
     TQ, TK, HQ, D, N_ROWS,  # N_ROWS = B·Hq·Tq, rows of out
@@ -239,10 +263,12 @@ def _attn_kernel(
     CHUNK, sm_scale,  # keys per split (multiple of BLOCK_N); softmax scale
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sc_b, sc_t, sm_b, sm_h, sm_i, sm_j,  # table strides (R contiguous); mask strides
+    sp_b, sp_t,  # position strides
     R: tl.constexpr,  # rotary dim (<= D, even); 0: no RoPE
-    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, INTERLEAVED: tl.constexpr,
-    SPLIT: tl.constexpr, INTERP_BF16: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_POS: tl.constexpr,
+    INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr, INTERP_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_TQ: tl.constexpr,  # next_power_of_2(Tq) when SPLIT and HAS_POS, else 1
     GDC: tl.constexpr,  # programmatic dependent launch (_triton.pdl_launch)
 ):
     gdc_enter(GDC)
@@ -264,8 +290,21 @@ def _attn_kernel(
     sin = SIN + b * sc_b
     q = _load_rows(Q + b * sq_b, head * sq_h + i64 * sq_t, row_ok, sq_d, cos, sin,
                    (i64 + off) * sc_t, D, R, INTERLEAVED, INTERP_BF16, BLOCK_D)
-    lo, full, hi = _key_range(pid_m * BLOCK_M, split * CHUNK, CHUNK, PACK * TQ, TQ, TK,
-                              CAUSAL, BLOCK_M, BLOCK_N)
+    chunk = CHUNK
+    pos_i = i  # (BLOCK_M,) key bound per row (read iff HAS_POS)
+    pos_min = 0
+    pos_max = 0
+    if HAS_POS:
+        pos_i = tl.load(POS + b * sp_b + i64 * sp_t, mask=row_ok, other=0).to(tl.int32)
+        pos_min = tl.min(tl.where(row_ok, pos_i, TK), 0)
+        pos_max = tl.max(tl.where(row_ok, pos_i, -1), 0)
+        if SPLIT:  # the splits share out the keys the batch's last query sees, not all TK
+            t = tl.arange(0, BLOCK_TQ)
+            last = tl.max(tl.load(POS + b * sp_b + t * sp_t, mask=t < TQ, other=-1).to(tl.int32), 0)
+            live = tl.minimum(tl.maximum(last + 1, 0), TK)
+            chunk = tl.cdiv(tl.cdiv(live, tl.num_programs(2)), BLOCK_N) * BLOCK_N
+    lo, full, hi = _key_range(pid_m * BLOCK_M, split * chunk, chunk, PACK * TQ, TQ, TK,
+                              pos_min, pos_max, CAUSAL, HAS_POS, BLOCK_M, BLOCK_N)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -274,12 +313,12 @@ def _attn_kernel(
     v_base = V + b * sv_b + kvh * sv_h
     mask_rows = b * sm_b + head * sm_h + i64 * sm_i
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, MASK, mask_rows, i,
-                            row_ok, lo, full, off, sm_scale, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j,
-                            D, R, CAUSAL, HAS_MASK, INTERLEAVED, False, INTERP_BF16,
+                            row_ok, pos_i, lo, full, off, sm_scale, sk_t, sk_d, sv_t, sv_d, sc_t,
+                            sm_j, D, R, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED, False, INTERP_BF16,
                             BLOCK_N, BLOCK_D)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, MASK, mask_rows, i,
-                            row_ok, full, hi, off, sm_scale, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j,
-                            D, R, CAUSAL, HAS_MASK, INTERLEAVED, True, INTERP_BF16,
+                            row_ok, pos_i, full, hi, off, sm_scale, sk_t, sk_d, sv_t, sv_d, sc_t,
+                            sm_j, D, R, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED, True, INTERP_BF16,
                             BLOCK_N, BLOCK_D)
 
     d = tl.arange(0, BLOCK_D)
@@ -390,12 +429,12 @@ SPACE = ConfigSpace(
 
 
 def problem(q, k, v, cos=None, sin=None, mask=None, causal=False, scale=None,
-            interleaved=False) -> Problem:
+            interleaved=False, q_pos=None) -> Problem:
     """Shape facts for `SPACE` (custom-op argument order, as the KernelSpec tuple)."""
     b, hq, tq, d = q.shape
     return {"dtype": str(q.dtype), "batch": b, "hq": hq, "hkv": max(k.shape[1], 1), "tq": tq,
             "tk": k.shape[2], "d": d, "causal": int(bool(causal)), "rope": int(cos is not None),
-            "mask": int(mask is not None)}
+            "mask": int(mask is not None), "pos": int(q_pos is not None)}
 
 
 # --------------------------------------------------------------------------- launcher
@@ -445,16 +484,28 @@ def _mask4(q, k, mask) -> torch.Tensor:
                                f"{(b, hq, tq, k.shape[2])}") from None
 
 
-def _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config):
-    """Check everything; return (config, (cos, sin) as (Bc, Tk, R) or None, mask view or None)."""
+def _positions(q, q_pos) -> torch.Tensor:
+    """q_pos (Tq,), (B|1, Tq) or any shape of B·Tq / Tq elements in (b, i) order -> (B|1, Tq)."""
+    b, tq = q.shape[0], q.shape[2]
+    check(q_pos.dtype in (torch.int32, torch.int64), f"q_pos must be int32/int64; got {q_pos.dtype}")
+    check(q_pos.device == q.device, f"q_pos on {q_pos.device}, q on {q.device}")
+    check(q_pos.numel() in (tq, b * tq), f"q_pos {tuple(q_pos.shape)}: need Tq={tq} or "
+          f"B·Tq={b * tq} positions")
+    return q_pos.reshape(-1, tq) if tq else q_pos.reshape(1, 0)
+
+
+def _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos=None):
+    """Check everything; return (config, (cos, sin) as (Bc, Tk, R) or None, mask view or
+    None, positions as (B|1, Tq) or None)."""
     _check_qkv(q, k, v)
     tables = _tables(q, k, cos, sin) if cos is not None else None
     m4 = _mask4(q, k, mask) if mask is not None else None
-    p = problem(q, k, v, cos, sin, mask, causal, scale, interleaved)
-    return SPACE.resolve(config, p), tables, m4
+    pos = _positions(q, q_pos) if q_pos is not None else None
+    p = problem(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos)
+    return SPACE.resolve(config, p), tables, m4, pos
 
 
-def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=False):
+def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=False, pos=None):
     """Launch (or only compile: `warmup`) on checked inputs. Returns (out, compiled)."""
     b, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
@@ -464,6 +515,7 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
     c, s = tables if tables is not None else (q, q)  # dummies, never read
     rot = c.shape[2] if tables is not None else 0
     mask_strides = m4.stride() if m4 is not None else (0, 0, 0, 0)
+    pos_strides = (0 if pos.shape[0] == 1 else pos.stride(0), pos.stride(1)) if pos is not None else (0, 0)
     pack = hq // hkv if tq <= DECODE_MAX_TQ else 1
     splits, bn = cfg["SPLITS"], cfg["BLOCK_N"]
     grid = (triton.cdiv(pack * tq, cfg["BLOCK_M"]), b * hq // pack, splits)
@@ -471,16 +523,17 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
     if splits > 1:  # fp32 scratch: partial acc and (m, l) of every split and out row
         acc = torch.empty((splits, b, hq, tq, d), dtype=torch.float32, device=q.device)
         ml = torch.empty((2, splits, b, hq, tq), dtype=torch.float32, device=q.device)
-    args = (q, k, v, c, s, m4 if m4 is not None else q, acc, ml[0], ml[1],
+    args = (q, k, v, c, s, m4 if m4 is not None else q, pos if pos is not None else q, acc, ml[0], ml[1],
             tq, tk, hq, d, b * hq * tq, hq // hkv, pack,
             triton.cdiv(triton.cdiv(tk, splits), bn) * bn,  # keys per split, whole blocks
             float(d ** -0.5 if scale is None else scale),
             *q.stride(), *k.stride(), *v.stride(),
-            0 if c.shape[0] == 1 else c.stride(0), c.stride(1), *mask_strides)
-    meta = {"R": rot, "CAUSAL": bool(causal), "HAS_MASK": m4 is not None,
+            0 if c.shape[0] == 1 else c.stride(0), c.stride(1), *mask_strides, *pos_strides)
+    meta = {"R": rot, "CAUSAL": bool(causal), "HAS_MASK": m4 is not None, "HAS_POS": pos is not None,
             "INTERLEAVED": bool(interleaved) and rot > 0, "SPLIT": splits > 1,
             "INTERP_BF16": interpreting() and q.dtype == torch.bfloat16,
             "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": bn, "BLOCK_D": _block_d(d),
+            "BLOCK_TQ": triton.next_power_of_2(tq) if splits > 1 and pos is not None else 1,
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if warmup:
         return out, _attn_kernel.warmup(*args, grid=grid, GDC=False, **meta)
@@ -505,29 +558,29 @@ def _rotate_once(q, k, cos, sin, interleaved):
 
 
 def launch_attention(q, k, v, cos=None, sin=None, mask=None, causal: bool = False,
-                     scale: float | None = None, interleaved: bool = False,
+                     scale: float | None = None, interleaved: bool = False, q_pos=None,
                      config: Mapping[str, int] | None = None) -> torch.Tensor:
     """Attention of q (B, Hq, Tq, D) over k, v (B, Hkv, Tk, D); RoPE iff cos is given.
     Returns a new contiguous (B, Hq, Tq, D) tensor (`reference_op` semantics)."""
     q, k, cos, sin = _rotate_once(q, k, cos, sin, interleaved)
-    cfg, tables, m4 = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config)
-    return _run(q, k, v, tables, m4, causal, scale, interleaved, cfg)[0]
+    cfg, tables, m4, pos = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos)
+    return _run(q, k, v, tables, m4, causal, scale, interleaved, cfg, pos=pos)[0]
 
 
 def spills_attention(q, k, v, cos=None, sin=None, mask=None, causal=False, scale=None,
-                     interleaved=False, config=None) -> int | None:
+                     interleaved=False, q_pos=None, config=None) -> int | None:
     """Register spills of the compiled attention kernel; None under the interpreter or off
     CUDA (the combine kernel is tiny and not reported)."""
     if interpreting() or q.device.type != "cuda" or q.numel() == 0 or k.shape[2] == 0:
-        _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config)  # input checks
+        _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos)  # input checks
         return None
     q, k, cos, sin = _rotate_once(q, k, cos, sin, interleaved)  # the kernel that would run
-    cfg, tables, m4 = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config)
-    res = resources(_run(q, k, v, tables, m4, causal, scale, interleaved, cfg, True)[1])
+    cfg, tables, m4, pos = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos)
+    res = resources(_run(q, k, v, tables, m4, causal, scale, interleaved, cfg, True, pos)[1])
     return None if res is None else res.n_spills
 
 
-def flops(q, k, *_, causal: bool = False) -> int:
+def flops(q, k, *_, causal: bool = False) -> int:  # q_pos bounds: counted as all keys
     """Matmul FLOPs: 4·B·Hq·D per visible (query, key) pair (2 for q·kᵀ, 2 for P·v)."""
     b, hq, tq, d = q.shape
     tk = k.shape[2]
@@ -542,15 +595,15 @@ def flops(q, k, *_, causal: bool = False) -> int:
 @torch.library.custom_op(
     "advisor::attention", mutates_args=(),
     schema="(Tensor q, Tensor k, Tensor v, Tensor? cos, Tensor? sin, Tensor? mask, bool causal, "
-           "float scale, bool interleaved, str config) -> Tensor")
-def attention(q, k, v, cos, sin, mask, causal, scale, interleaved, config):
+           "float scale, bool interleaved, Tensor? q_pos, str config) -> Tensor")
+def attention(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, config):
     if triton_can_run(q) and q.dim() == 4 and q.shape[-1] <= MAX_D:
-        return launch_attention(q, k, v, cos, sin, mask, causal, scale, interleaved,
-                                decode(config) or None)
-    return reference_op(q, k, v, cos, sin, mask, causal, scale, interleaved).contiguous()
+        return launch_attention(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos,
+                                config=decode(config) or None)
+    return reference_op(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos).contiguous()
 
 
-attention.register_fake(lambda q, k, v, cos, sin, mask, causal, scale, interleaved, config:
+attention.register_fake(lambda q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, config:
                         q.new_empty(q.shape))
 
 
@@ -558,9 +611,11 @@ attention.register_fake(lambda q, k, v, cos, sin, mask, causal, scale, interleav
 
 
 def make_inputs(dims, dtype, device, generator) -> tuple:
-    """(q, k, v, cos, sin, mask, causal, scale, interleaved): q/k/v are HF-style transposed
-    (B, T, H, D) views; `mask` adds a left-padding mask (batch row b masks its first 2·b
-    keys with -inf, so early rows of later batches are fully masked when causal)."""
+    """(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos): q/k/v are HF-style
+    transposed (B, T, H, D) views; `mask` adds a left-padding mask (batch row b masks its
+    first 2·b keys with -inf, so early rows of later batches are fully masked when causal);
+    `pos` gives query i of batch b the position Tk - Tq + i - 5·b (a static cache with
+    dead slots at its end; the first rows of later batches see no key at all)."""
     b, hq, hkv, tq, tk, d = (dims[n] for n in ("batch", "hq", "hkv", "tq", "tk", "d"))
 
     def rand(h, t):
@@ -577,7 +632,11 @@ def make_inputs(dims, dtype, device, generator) -> tuple:
         keys = torch.arange(tk, device=device)[None, None, None, :]
         mask = torch.zeros((b, 1, tq, tk), dtype=dtype, device=device).masked_fill(
             keys < pad, float("-inf"))
-    return q, k, v, cos, sin, mask, bool(dims.get("causal", 0)), d ** -0.5, inter
+    q_pos = None
+    if dims.get("pos", 0):
+        rows = torch.arange(tq, device=device)[None, :] - 5 * torch.arange(b, device=device)[:, None]
+        q_pos = (tk - tq + rows).clamp(min=-1)  # (B, Tq) int64
+    return q, k, v, cos, sin, mask, bool(dims.get("causal", 0)), d ** -0.5, inter, q_pos
 
 
 def _unique_bytes(t: torch.Tensor | None) -> int:
@@ -588,7 +647,7 @@ def _unique_bytes(t: torch.Tensor | None) -> int:
 
 
 def bytes_moved(q, k, v, cos=None, sin=None, mask=None, causal=False, scale=None,
-                interleaved=False) -> int:
+                interleaved=False, q_pos=None) -> int:
     """Read q, k, v, cos, sin, mask once; write out (B, Hq, Tq, D)."""
     tables = _unique_bytes(cos) + _unique_bytes(sin)
     return 2 * _unique_bytes(q) + _unique_bytes(k) + _unique_bytes(v) + tables + _unique_bytes(
@@ -615,7 +674,8 @@ register(KernelSpec(
     test_dims=({"batch": 2, "hq": 4, "hkv": 2, "tq": 19, "tk": 19, "d": 32, "causal": 1,
                 "rope": 1, "mask": 1},
                {"batch": 1, "hq": 3, "hkv": 1, "tq": 21, "tk": 26, "d": 16, "r": 8,
-                "rope": 1, "interleaved": 1}),
+                "rope": 1, "interleaved": 1},
+               {"batch": 2, "hq": 4, "hkv": 2, "tq": 18, "tk": 30, "d": 16, "pos": 1}),
 ))
 register(KernelSpec(
     name="attention_decode", reference=reference_op, launch=launch_attention, space=SPACE,
@@ -623,6 +683,7 @@ register(KernelSpec(
     spills=spills_attention, bench_dims=_bench_decode_dims, unfused_launches=9,
     unfused=unfused, flops=lambda q, k, *rest: flops(q, k, causal=rest[4]), matrix_kernel=True,
     test_dims=({"batch": 2, "hq": 4, "hkv": 2, "tq": 1, "tk": 37, "d": 32, "causal": 1},
+               {"batch": 2, "hq": 4, "hkv": 2, "tq": 2, "tk": 45, "d": 32, "pos": 1},
                {"batch": 1, "hq": 3, "hkv": 1, "tq": 3, "tk": 29, "d": 16, "rope": 1,
                 "mask": 1}),
 ))

@@ -28,7 +28,8 @@ KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "bias_act": (("x", "bias", "activation"), ("y",)),
     "rope_qk": (("q", "k", "cos", "sin", "interleaved"), ("q", "k")),
     "linear_swiglu": (("x", "weights", "activation"), ("y",)),
-    "attention": (("q", "k", "v", "cos", "sin", "mask", "causal", "scale", "interleaved"), ("y",)),
+    "attention": (("q", "k", "v", "cos", "sin", "mask", "causal", "scale", "interleaved", "q_pos"),
+                  ("y",)),
     "rmsnorm_linear": (("x", "weight", "weights", "eps", "weight_offset"), ("y",)),  # own emitter
     "rmsnorm_swiglu": (("x", "weight", "weights", "eps", "weight_offset", "activation"), ("y",)),
     "gemm_epilogue": (("x", "weight", "bias", "residual", "activation"), ("y",)),  # own emitter
@@ -55,7 +56,7 @@ def _infer_meta(node: fx.Node, like: fx.Node | None = None) -> fx.Node:
     return node
 
 
-OPTIONAL_OPERANDS = {"weight", "bias", "cos", "sin", "mask"}  # may be None (the op takes Tensor?)
+OPTIONAL_OPERANDS = {"weight", "bias", "cos", "sin", "mask", "q_pos"}  # may be None (the op takes Tensor?)
 
 
 class EmitError(Exception):
@@ -264,12 +265,16 @@ def _emit_rope_cache(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx
 
 
 def _emit_rope_table(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
-    """cos/sin of [cat(f, f) | f], f = transposes(a · b)  becomes  rope_table(a', b', …) with
-    the transposes applied to both factors (views: a bmm's (B, H, 1) and (B, 1, T) operands
-    become (B, 1, H) and (B, T, 1))."""
+    """cos/sin of [cat(f, f) | f], f = transposes(a · b)  becomes  rope_table(a', b', …):
+    each factor's views replayed on its uncast source (the kernel casts on load), then the
+    transposes applied to both (a bmm's (B, H, 1) and (B, 1, T) operands become (B, 1, H)
+    and (B, T, 1))."""
     factors = {}
     for name in ("a", "b"):
         node = m.operands[name]
+        for view in m.operands.get(f"{name}_views", ()):
+            with graph.inserting_after(node):
+                node = _new(graph, view.target, (node, *view.args[1:]), dict(view.kwargs))
         for d0, d1 in m.operands["transposes"]:
             with graph.inserting_after(node):
                 node = _new(graph, aten.transpose.int, (node, d0, d1))

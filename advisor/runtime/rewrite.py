@@ -91,7 +91,7 @@ def extract(m: Match) -> tuple[fx.GraphModule, list[fx.Node], Match]:
         [remap(x) for x in v] if isinstance(v, list) else v)
     local = Match(m.family, m.kernel, m.module, tuple(env[n] for n in m.nodes),
                   {k: remap(v) for k, v in m.operands.items()},
-                  {k: env[v] for k, v in m.outputs.items()})
+                  {k: env[v] for k, v in m.outputs.items()}, tuple(env[n] for n in m.shared))
     return fx.GraphModule(torch.nn.Module(), graph), inputs, local
 
 

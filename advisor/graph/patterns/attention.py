@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from advisor.graph.capture import fake, module_path
 from advisor.graph.match import Match, aten, is_getitem, is_op, strip_views
@@ -122,9 +123,104 @@ def _unrepeat(node: Any) -> tuple[Any, list[fx.Node]]:
     return cur, chain
 
 
+# Ops that keep a tensor's elements in order and only add, drop or broadcast size-1 dims
+# (and reshape): the positions read through them are the positions in (batch, query) order.
+_ORDER_KEEPING = (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+                  aten.unsqueeze.default, aten.expand.default, aten.squeeze.dim,
+                  aten.squeeze.default, aten.alias.default)
+_ARANGE = (aten.arange.default, aten.arange.start, aten.arange.start_step)
+_WHERE = tuple(getattr(aten.where, o) for o in ("self", "ScalarSelf", "ScalarOther", "Scalar")
+               if hasattr(aten.where, o))
+
+
+def _through(node: Any, ops: tuple) -> tuple[Any, list[fx.Node]]:
+    chain = []
+    while is_op(node, *ops):
+        chain.append(node)
+        node = node.args[0]
+    return node, chain
+
+
+def _constant(node: Any) -> tuple[float | None, list[fx.Node]]:
+    """A python number, or a `scalar_tensor` / `full` of one (and the nodes)."""
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        return float(node), []
+    if is_op(node, aten.scalar_tensor.default):
+        value = node.args[0]
+    elif is_op(node, aten.full.default):
+        value = node.args[1]
+    else:
+        return None, []
+    return (float(value), [node]) if isinstance(value, (int, float)) else (None, [])
+
+
+def _same(a: Any, b: Any) -> bool:
+    """a == b for every size the graph may see (symbolic sizes compared without a guard)."""
+    a, b = (x.meta.get("val") if isinstance(x, fx.Node) else x for x in (a, b))
+    if not all(isinstance(x, (int, torch.SymInt)) for x in (a, b)):
+        return False
+    return bool(statically_known_true(a == b)) if isinstance(a == b, torch.SymBool) else a == b
+
+
+def _key_index(node: Any, tk: Any) -> list[fx.Node] | None:
+    """node = views of arange(Tk) (+ 0): each key's own index along the last dim."""
+    base, chain = _through(node, _ORDER_KEEPING)
+    t = fake(node)
+    if t is None or t.dim() < 1 or not _same(t.shape[-1], tk) or not _same(t.numel(), tk):
+        return None
+    if is_op(base, aten.add.Tensor) and base.args[1] == 0:
+        chain.append(base)
+        base = base.args[0]
+    if not is_op(base, *_ARANGE):
+        return None
+    start, end, step = ((0, base.args[0], 1) if base.target is aten.arange.default else
+                        (*base.args[:2], base.args[2] if len(base.args) > 2 else 1))
+    return [*chain, base] if _same(start, 0) and _same(end, tk) and _same(step, 1) else None
+
+
+def _position_mask(mask: Any, b: Any, tq: Any, tk: Any) -> tuple[fx.Node, list[fx.Node]] | None:
+    """A static KV cache's causal mask, computed from integer positions P: key j visible to
+    query i iff j <= P[b, i] — bool, or as where(visible, 0, -inf | finfo.min). Returns
+    (P, the mask's nodes) when `mask` is exactly that, else None."""
+    nodes: list[fx.Node] = []
+    tm = fake(mask)
+    if tm is None:
+        return None
+    if is_op(mask, *_WHERE):
+        (keep, k_nodes), (drop, d_nodes) = _constant(mask.args[1]), _constant(mask.args[2])
+        if keep != 0.0 or drop is None or not tm.dtype.is_floating_point or \
+                drop > torch.finfo(tm.dtype).min:
+            return None
+        nodes, mask = [mask, *k_nodes, *d_nodes], mask.args[0]
+    elif tm.dtype != torch.bool:
+        return None
+    cmp, views = _through(mask, _ORDER_KEEPING)
+    nodes += views
+    if is_op(cmp, aten.le.Tensor):
+        keys, pos = cmp.args[:2]
+    elif is_op(cmp, aten.ge.Tensor):
+        pos, keys = cmp.args[:2]
+    else:
+        return None
+    key_nodes = _key_index(keys, tk)
+    base, pos_views = _through(pos, _ORDER_KEEPING)
+    tp, tb = fake(pos), fake(base)
+    if key_nodes is None or tp is None or tb is None or tb.dtype not in (torch.int32, torch.int64):
+        return None
+    # pos broadcasts along keys and heads: (B|1, 1, Tq|1, 1) as the 4-D score tensor's rows
+    shape = tp.shape
+    if len(shape) != 4 or not (_same(shape[1], 1) and _same(shape[3], 1)) or not (
+            _same(shape[0], 1) or _same(shape[0], b)) or not (_same(shape[2], 1) or _same(
+            shape[2], tq)) or not (_same(tb.numel(), tq) or _same(tb.numel(), b * tq)):
+        return None
+    return base, [*nodes, cmp, *key_nodes, *pos_views]
+
+
 def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
     """SDPA sites the attention kernel can replace: with the RoPE that feeds q and k folded
-    in ("attention_rope", deeper) and without it ("attention"); GQA k/v un-repeated."""
+    in ("attention_rope", deeper) and without it ("attention"); GQA k/v un-repeated; a
+    static cache's causal mask read as the positions it is computed from (`q_pos`: the
+    mask is never built or read, keys past the position are never loaded)."""
     rope_of = {o: m for m in ropes for o in m.outputs.values()}
     found = []
     for node in gm.graph.nodes:
@@ -132,9 +228,15 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
             continue
         a = sdpa_args(node)
         mask = a.get("attn_mask", a.get("attn_bias"))
-        tq, tm = fake(a["query"]), fake(mask) if mask is not None else None
-        if a.get("dropout_p", 0.0) or tq is None or (tm is not None and tm.dtype == torch.bool):
+        tq, tk = fake(a["query"]), fake(a["key"])
+        if a.get("dropout_p", 0.0) or tq is None or tk is None:
             continue
+        # the static cache's causal mask: the kernel bounds each row's keys by its position
+        positions = None if mask is None else _position_mask(mask, tq.shape[0], tq.shape[2], tk.shape[2])
+        q_pos, mask_nodes = positions if positions is not None else (None, [])
+        if positions is None and mask is not None and fake(mask).dtype == torch.bool:
+            continue
+        mask = None if positions is not None else mask
         items = [u for u in node.users if is_getitem(u)]
         y = next((u for u in items if u.args[1] == 0), None)
         if y is None or any(u.users for u in items if u is not y):
@@ -142,18 +244,19 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         k, k_chain = _unrepeat(a["key"])
         v, v_chain = _unrepeat(a["value"])
         scale = a.get("scale") or 1.0 / math.sqrt(int(tq.shape[-1]))
-        base = (*k_chain, *v_chain, node, *items)
+        base = (*mask_nodes, *k_chain, *v_chain, node, *items)
         common = {"v": v, "mask": mask, "causal": bool(a.get("is_causal", False)),
-                  "scale": float(scale), "interleaved": False}
+                  "scale": float(scale), "interleaved": False, "q_pos": q_pos}
         rm = rope_of.get(a["query"])
         if rm is not None and rm.outputs.get("q") is a["query"] and rm.outputs.get("k") is k:
             operands = {**common, "q": rm.operands["q"], "k": rm.operands["k"],
                         "cos": rm.operands["cos"], "sin": rm.operands["sin"],
                         "interleaved": rm.operands["interleaved"]}
             found.append(Match("attention_rope", "attention", module_path(node), (*rm.nodes, *base),
-                               operands, {"y": y}))
+                               operands, {"y": y}, tuple(mask_nodes)))
         operands = {**common, "q": a["query"], "k": k, "cos": None, "sin": None}
-        found.append(Match("attention", "attention", module_path(node), base, operands, {"y": y}))
+        found.append(Match("attention", "attention", module_path(node), base, operands, {"y": y},
+                           tuple(mask_nodes)))
     return found
 
 

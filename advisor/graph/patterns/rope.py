@@ -128,17 +128,31 @@ def _scaled_cast(node: fx.Node) -> tuple[fx.Node, float, list[fx.Node]]:
     return out, scale, nodes
 
 
-def _fp32_factor(node: Any) -> tuple[Any, list[fx.Node]]:
-    """A factor as the kernel reads it: a `.float()` with no other reader is done on load."""
-    if (is_op(node, *CAST_OPS) and node.kwargs.get("dtype") == torch.float32
-            and set(node.kwargs) <= {"dtype"} and len(node.users) == 1):
-        return node.args[0], [node]
-    return node, []
+_FACTOR_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.unsqueeze.default,
+                 aten.expand.default)
 
 
-def _product(f: Any) -> tuple[Any, Any, list[tuple[int, int]], list[fx.Node]] | None:
-    """f = transposes(a · b): (a, b, the transposes to apply to both, the nodes) where the
-    product is a broadcast mul or a bmm whose contracted dim is 1 (an outer product)."""
+def _fp32_factor(node: Any) -> tuple[Any, list[fx.Node], list[fx.Node]]:
+    """A factor as the kernel reads it: views(x.float()) with no other reader of the cast
+    or the views is read as views(x), the cast done on load (exact: integer positions
+    below 2^24 and any float dtype convert to fp32 as `.float()` does). Returns (x, the
+    views to replay on x in order, the nodes replaced); (node, [], []) otherwise."""
+    views, cur = [], node
+    while is_op(cur, *_FACTOR_VIEWS) and len(cur.users) == 1:
+        views.append(cur)
+        cur = cur.args[0]
+    src = cur.args[0] if is_op(cur, *CAST_OPS) else None
+    ts, tc = fake(src), fake(cur)
+    if (ts is None or tc is None or cur.kwargs.get("dtype") != torch.float32 or len(cur.users) != 1
+            or not set(cur.kwargs) <= {"dtype", "device", "layout"} or ts.device != tc.device):
+        return node, [], []
+    return src, views[::-1], [cur, *views]
+
+
+def _product(f: Any) -> tuple[Any, Any, list[tuple[int, int]], list[fx.Node], dict] | None:
+    """f = transposes(a · b): (a, b, the transposes to apply to both, the nodes, the views
+    to replay on a and b) where the product is a broadcast mul or a bmm whose contracted
+    dim is 1 (an outer product); a `.float()` of either factor is done on load."""
     nodes, swaps = [], []
     while is_op(f, aten.transpose.int, aten.view.default) and len(f.users) == 1:
         t_in, t_out = fake(f.args[0]), fake(f)
@@ -153,17 +167,17 @@ def _product(f: Any) -> tuple[Any, Any, list[tuple[int, int]], list[fx.Node]] | 
     if not isinstance(f, fx.Node) or len(f.users) != 1:
         return None
     if is_op(f, aten.bmm.default):
-        a, b = fake(f.args[0]), fake(f.args[1])
-        if a is None or b is None or a.shape[-1] != 1:
+        ta, tb = fake(f.args[0]), fake(f.args[1])
+        if ta is None or tb is None or ta.shape[-1] != 1:
             return None
-        nodes.append(f)
-        return f.args[0], f.args[1], swaps[::-1], nodes
+        (a, va, ca), (b, vb, cb) = _fp32_factor(f.args[0]), _fp32_factor(f.args[1])
+        return a, b, swaps[::-1], [*ca, *cb, f, *nodes], {"a_views": va, "b_views": vb}
     if is_op(f, aten.mul.Tensor) and all(isinstance(x, fx.Node) for x in f.args[:2]):
-        (a, ca), (b, cb) = _fp32_factor(f.args[0]), _fp32_factor(f.args[1])
-        ta, tb, tf = fake(a), fake(b), fake(f)
+        (a, va, ca), (b, vb, cb) = _fp32_factor(f.args[0]), _fp32_factor(f.args[1])
+        ta, tb, tf = fake(f.args[0]), fake(f.args[1]), fake(f)
         if swaps and (ta is None or tb is None or tf is None or ta.dim() != tf.dim() or tb.dim() != tf.dim()):
             return None  # transposes of lower-rank (broadcast) factors: not modelled
-        return a, b, swaps[::-1], [*ca, *cb, f, *nodes]
+        return a, b, swaps[::-1], [*ca, *cb, f, *nodes], {"a_views": va, "b_views": vb}
     return None
 
 
@@ -184,8 +198,8 @@ def _table_at(e: fx.Node) -> Match | None:
     prod = _product(f)
     if prod is None or te.dim() > 3:
         return None
-    a, b, swaps, prod_nodes = prod
-    operands = {"a": a, "b": b, "transposes": swaps, "cos_scale": cos_scale,
+    a, b, swaps, prod_nodes, views = prod
+    operands = {"a": a, "b": b, **views, "transposes": swaps, "cos_scale": cos_scale,
                 "sin_scale": sin_scale, "dup": dup, "dtype": tc.dtype}
     nodes = (*prod_nodes, *cat, *cos_nodes, *sin_nodes)
     return Match("rope_table", "rope_table", module_path(e), nodes, operands,
