@@ -73,7 +73,8 @@ def reference(q, k, v, cos=None, sin=None, causal: bool = False, scale: float | 
               mask=None, rope: bool | None = None, interleaved: bool = False,
               q_pos=None) -> torch.Tensor:
     """softmax(q·kᵀ·scale + mask [+ causal] [+ keys past q_pos]) · v in fp32, cast to
-    q.dtype; rows with every key masked give 0. RoPE (`rope`, default: cos given) is `advisor.kernels.rope.reference`
+    q.dtype; rows with every key masked give 0. RoPE (`rope`, default: cos given) is
+    `advisor.kernels.rope.reference`
     (rotated q, k rounded to q.dtype, as HF does before attention).
 
     >>> q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8)
