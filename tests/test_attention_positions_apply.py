@@ -55,13 +55,18 @@ class _CachedAttention(torch.nn.Module):
             visible = visible & (keys >= 2)[None, None, None, :]
         if self.spelling in ("le", "offset", "padded"):
             mask = torch.where(visible, 0.0, torch.finfo(q.dtype).min)
+        elif self.spelling == "fp16_min":  # what transformers 5.17 writes on CUDA, any dtype
+            mask = torch.where(visible, 0.0, -65504.0)
+        elif self.spelling == "small_bias":  # a real bias: not a hidden key
+            mask = torch.where(visible, 0.0, -30.0)
         else:
             mask = visible  # bool: True = attend
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-@pytest.mark.parametrize("spelling, positional", [("le", True), ("ge", True), ("offset", False),
-                                                  ("padded", False)])
+@pytest.mark.parametrize("spelling, positional", [
+    ("le", True), ("ge", True), ("fp16_min", True), ("offset", False), ("padded", False),
+    ("small_bias", False)])
 def test_hand_written_cache_masks(spelling, positional):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 3, 16, generator=g)

@@ -178,9 +178,16 @@ def _key_index(node: Any, tk: Any) -> list[fx.Node] | None:
     return [*chain, base] if _same(start, 0) and _same(end, tk) and _same(step, 1) else None
 
 
+# An additive bias at or below this hides a key as -inf does: transformers writes -inf,
+# finfo(dtype).min or fp16's -65504 (any dtype), and exp(score - 65504 - row max) is 0 in
+# fp32 for any score a bf16/fp16 model produces. (Only a row with no visible key differs:
+# a finite bias averages v there, -inf gives 0; positions >= 0 always see key 0.)
+MASKED_BIAS = torch.finfo(torch.float16).min
+
+
 def _position_mask(mask: Any, b: Any, tq: Any, tk: Any) -> tuple[fx.Node, list[fx.Node]] | None:
     """A static KV cache's causal mask, computed from integer positions P: key j visible to
-    query i iff j <= P[b, i] — bool, or as where(visible, 0, -inf | finfo.min). Returns
+    query i iff j <= P[b, i] — bool, or as where(visible, 0, bias <= MASKED_BIAS). Returns
     (P, the mask's nodes) when `mask` is exactly that, else None."""
     nodes: list[fx.Node] = []
     tm = fake(mask)
@@ -188,8 +195,7 @@ def _position_mask(mask: Any, b: Any, tq: Any, tk: Any) -> tuple[fx.Node, list[f
         return None
     if is_op(mask, *_WHERE):
         (keep, k_nodes), (drop, d_nodes) = _constant(mask.args[1]), _constant(mask.args[2])
-        if keep != 0.0 or drop is None or not tm.dtype.is_floating_point or \
-                drop > torch.finfo(tm.dtype).min:
+        if keep != 0.0 or drop is None or not tm.dtype.is_floating_point or drop > MASKED_BIAS:
             return None
         nodes, mask = [mask, *k_nodes, *d_nodes], mask.args[0]
     elif tm.dtype != torch.bool:
