@@ -82,6 +82,35 @@ def test_hand_written_cache_masks(spelling, positional):
     torch.testing.assert_close(got, want)
 
 
+def test_runtime_trace_with_a_symbolic_cache_length(monkeypatch):
+    """Through `apply` the cache length is traced symbolically and the mask's key index
+    carries a no-op slice: the positions are still read, the mask still dropped."""
+    import advisor.runtime.apply as runtime
+
+    seen, real = [], runtime.rewrite
+
+    def spy(gm, params, plan, cache=None):
+        report = real(gm, params, plan, cache)
+        seen.extend(n for n in gm.graph.nodes if n.op == "call_function")
+        return report
+
+    monkeypatch.setattr(runtime, "rewrite", spy)
+    mf = load_model_file("examples/llama_hf.py")
+    model = build(mf, torch.device("cpu"), torch.float32)
+    x = inputs_for(mf, 20, 1, torch.device("cpu"), phase="decode", dtype=torch.float32)
+    snap = Snapshot(x)
+    with torch.no_grad():
+        want = first_tensor(call(model, x))
+    snap.restore()
+    fast = runtime.apply(model, Plan(fusions=("attention",)))
+    with torch.no_grad():
+        got = first_tensor(call(fast, x))
+    attention = [n for n in seen if getattr(n.target, "__name__", "") == "advisor_attention"]
+    assert len(attention) == 2 and all(n.args[9] is not None for n in attention)
+    assert not any(n.target in MASK_OPS for n in seen)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 def test_transformers_static_cache_decode(batch):
     """The example `transformers` Llama at decode: every layer's attention reads the cache

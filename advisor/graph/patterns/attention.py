@@ -134,8 +134,9 @@ _WHERE = tuple(getattr(aten.where, o) for o in ("self", "ScalarSelf", "ScalarOth
 
 
 def _through(node: Any, ops: tuple) -> tuple[Any, list[fx.Node]]:
+    """Follow `ops` (and no-op slices, which dynamic-shape traces keep) to their source."""
     chain = []
-    while is_op(node, *ops):
+    while is_op(node, *ops) or _full_slice(node):
         chain.append(node)
         node = node.args[0]
     return node, chain
