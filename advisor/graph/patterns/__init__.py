@@ -26,7 +26,9 @@
 |   add_rms_norm_swiglu (norm    |                   |                           |
 |   prologue + SwiGLU epilogue)  |                   |                           |
 | attention_rope, attention      | attention.py      | attention.py              |
-|   (SDPA, RoPE folded in)       |                   |                           |
+|   (SDPA, RoPE folded in; a     |                   |                           |
+|   static cache's causal mask   |                   |                           |
+|   read as positions: q_pos)    |                   |                           |
 | rope_kv_cache (RoPE + in-place | cache.py          | rope.py (rope_qk_cache)   |
 |   k/v cache write)             |                   |                           |
 | explicit softmax attention,    | attention.py      | analysis only             |
