@@ -10,6 +10,7 @@ confirmed once. A site that fails is left unfused and reported with the reason.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -182,43 +183,88 @@ def _site_key(m: Match) -> tuple:
     return (m.family, m.module, tuple(sorted(o.name for o in m.outputs.values())))
 
 
-def _next_site(gm: fx.GraphModule, params: dict[str, str], plan: Plan, tried: set[tuple]) -> Match | None:
-    for m in find_all(gm, params):
-        if m.kernel is not None and m.family in plan.fusions and _site_key(m) not in tried:
-            return m
-    return None
+def _nodes_read(m: Match) -> set[fx.Node]:
+    """Every node the match holds or reads: its subgraph, its inputs and its operands."""
+    operands = [a for v in m.operands.values() for a in (v if isinstance(v, (list, tuple)) else [v])]
+    return {*m.nodes, *m.external_inputs(), *(a for a in operands if isinstance(a, fx.Node))}
+
+
+def _remapped(m: Match, new_of: Mapping[fx.Node, fx.Node]) -> Match:
+    """`m` with operands an earlier rewrite replaced pointed at their new values (the same
+    values: their readers, m's nodes among them, were already rerouted there)."""
+    def new(v: Any) -> Any:
+        if isinstance(v, (list, tuple)):
+            return type(v)(new(x) for x in v)
+        while isinstance(v, fx.Node) and v in new_of:
+            v = new_of[v]
+        return v
+
+    return dataclasses.replace(m, operands={k: new(v) for k, v in m.operands.items()})
+
+
+def _erase_dead(graph: fx.Graph, seeds: list[fx.Node]) -> None:
+    """Dead-code elimination from `seeds` outwards: erase each pure node nobody reads, then
+    look at what it read. O(dead region), where `eliminate_dead_code` walks the graph."""
+    work = list(seeds)
+    while work:
+        n = work.pop()
+        if n._erased or n.op != "call_function" or n.users or n.is_impure():
+            continue
+        inputs = n.all_input_nodes
+        graph.erase_node(n)
+        work.extend(inputs)
 
 
 def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
             cache: dict[tuple, float | str] | None = None) -> RewriteReport:
     """Apply `plan` to `gm` in place; returns what happened at every matched site.
 
-    Sites are taken one at a time and the graph is matched again after each rewrite, so
-    a fusion sees the graph as earlier fusions left it (e.g. the residual that the
-    previous add+norm now produces)."""
+    The graph is rewritten in rounds. Each round matches the whole graph once and takes
+    the sites in pattern order (deepest first). A site whose operand an earlier rewrite
+    replaced reads the new value (the same value); a site holding a node an earlier
+    rewrite of the round took waits (and, so the deeper fusion keeps the site, so does
+    anything overlapping a waiting one): the next round matches the graph as the rewrites
+    left it (e.g. the residual that a fused add+norm now produces). Rounds end when one
+    rewrites nothing. Matching is linear in the graph and rounds are few (the
+    depth of fusions that enable others), where matching again after every site was
+    quadratic in the layers (a 32-layer decoder: 194 sites, 8 s on 2 CPU cores)."""
     cache = {} if cache is None else cache
     all_kernels()  # importing the kernel modules registers their custom ops
     before, params = _count_launches(gm), dict(params)
     in_place = write_inputs_in_place(gm)  # a cache update: one small scatter, not two full copies
     results, merged, tried = [], [], set()
-    while (m := _next_site(gm, params, plan, tried)) is not None:
-        tried.add(_site_key(m))
-        config = plan.config_for(m.family)
-        key = _signature(m, config)
-        if key not in cache:
-            cache[key] = _confirm_or_reason(m, config)
-        if isinstance(cache[key], str):
-            results.append(SiteResult(m.family, m.module, False, cache[key]))
-            continue
-        try:
-            emit(gm.graph, m, config)
-        except EmitError as exc:
-            results.append(SiteResult(m.family, m.module, False, str(exc)))
-            continue
+    progress = True
+    while progress:
+        progress, changed, deferred, new_of = False, set(), set(), {}
+        for m in find_all(gm, params):
+            if m.kernel is None or m.family not in plan.fusions or _site_key(m) in tried:
+                continue
+            m = _remapped(m, new_of)
+            own = set(m.nodes) - set(m.shared)
+            if own & (changed | deferred) or any(n._erased for n in _nodes_read(m)):
+                deferred |= own  # next round, on the graph as it is then
+                continue
+            tried.add(_site_key(m))
+            config = plan.config_for(m.family)
+            key = _signature(m, config)
+            if key not in cache:
+                cache[key] = _confirm_or_reason(m, config)
+            if isinstance(cache[key], str):
+                results.append(SiteResult(m.family, m.module, False, cache[key]))
+                continue
+            try:
+                replaced = emit(gm.graph, m, config)
+            except EmitError as exc:
+                results.append(SiteResult(m.family, m.module, False, str(exc)))
+                continue
+            changed |= own | set(replaced)
+            new_of.update(replaced)
+            _erase_dead(gm.graph, [*m.nodes, *replaced])
+            progress = True
+            if "weights" in m.operands:  # kernels that read several weights as one matrix
+                merged.append(tuple(params.get(w.name, "") for w in m.operands["weights"]))
+            results.append(SiteResult(m.family, m.module, True, max_error=float(cache[key])))
         gm.graph.eliminate_dead_code()
-        if "weights" in m.operands:  # kernels that read several weights as one matrix
-            merged.append(tuple(params.get(w.name, "") for w in m.operands["weights"]))
-        results.append(SiteResult(m.family, m.module, True, max_error=float(cache[key])))
     gm.graph.lint()
     # per-layer copies of one value (a decoder's additive mask, position arithmetic) and
     # per-layer counter increments: one op each

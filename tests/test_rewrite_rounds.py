@@ -1,0 +1,43 @@
+"""The rewrite matches the graph a few times per graph, not once per site: rounds do not
+grow with the number of layers, and every added layer is rewritten like the others."""
+
+import pytest
+import torch
+
+from advisor.graph.capture import capture
+from advisor.runtime import rewrite as rw
+from advisor.runtime.plan import ALL_FUSIONS
+
+
+def _decoder_step(layers: int):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    cache = transformers.StaticCache(config=cfg, max_cache_len=32)
+    x = {"input_ids": torch.tensor([[3]]), "past_key_values": cache, "use_cache": True,
+         "cache_position": torch.tensor([10])}
+    part = max(capture(model, x).parts, key=lambda p: len(p.gm.graph.nodes))
+    return part.gm, part.params
+
+
+def test_rounds_do_not_grow_with_layers(monkeypatch):
+    # Confirmation (numerics) is tested elsewhere; here only the matching loop runs.
+    monkeypatch.setattr(rw, "confirm", lambda m, config, seed=0: 0.0)
+    matched = []
+    real = rw.find_all
+    monkeypatch.setattr(rw, "find_all", lambda gm, params: matched.append(1) or real(gm, params))
+    rounds, after, applied = {}, {}, {}
+    for layers in (2, 4, 6):
+        matched.clear()
+        gm, params = _decoder_step(layers)
+        report = rw.rewrite(gm, params, ALL_FUSIONS)
+        rounds[layers], after[layers] = len(matched), report.launches_after
+        applied[layers] = sum(s.applied for s in report.sites)
+        assert all(s.applied for s in report.sites), [s for s in report.sites if not s.applied]
+    assert rounds[2] == rounds[6] <= 5, rounds
+    # linear in layers: each added layer rewritten to the same kernels
+    assert after[6] - after[4] == after[4] - after[2] > 0, after
+    assert applied[6] - applied[4] == applied[4] - applied[2] > 0, applied
