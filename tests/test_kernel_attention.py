@@ -226,6 +226,17 @@ def test_decode_empty_splits():
     assert_close(out, attn.reference(q, k, v, causal=True))
 
 
+def test_unfused_baseline_takes_positions():
+    """The benchmark's eager baseline builds the mask transformers would from q_pos (with
+    and without causal): the same result as the reference."""
+    gen = _gen(19)
+    q, k, v = _qkv(2, 4, 2, 6, 6, 16, torch.float32, gen)
+    pos = torch.tensor([[0, 1, 2, 3, 4, 5], [2, 2, 3, 3, 4, 5]])
+    for causal in (False, True):
+        assert_close(attn.unfused(q, k, v, None, None, None, causal, None, False, pos),
+                     attn.reference(q, k, v, causal=causal, q_pos=pos))
+
+
 def test_reference_matches_sdpa():
     gen = _gen(10)
     q, k, v = _qkv(2, 4, 2, 11, 11, 16, torch.float32, gen)

@@ -74,8 +74,8 @@ def reference(q, k, v, cos=None, sin=None, causal: bool = False, scale: float | 
               q_pos=None) -> torch.Tensor:
     """softmax(q·kᵀ·scale + mask [+ causal] [+ keys past q_pos]) · v in fp32, cast to
     q.dtype; rows with every key masked give 0. RoPE (`rope`, default: cos given) is
-    `advisor.kernels.rope.reference`
-    (rotated q, k rounded to q.dtype, as HF does before attention).
+    `advisor.kernels.rope.reference` (rotated q, k rounded to q.dtype, as HF does before
+    attention).
 
     >>> q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8)
     >>> reference(q, k, k, causal=True).shape
@@ -140,7 +140,7 @@ def unfused(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos=None) -> 
         attn_mask = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill(
             ~keep, float("-inf")) + (0 if mask is None else mask)
     if causal and tq > 1:
-        if mask is None and tq == tk:
+        if attn_mask is None and tq == tk:
             is_causal = True
         else:
             keep = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)

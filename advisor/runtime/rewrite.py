@@ -241,7 +241,7 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
                 continue
             m = _remapped(m, new_of)
             own = set(m.nodes) - set(m.shared)
-            if own & (changed | deferred) or any(n._erased for n in _nodes_read(m)):
+            if own & changed or own & deferred or any(n._erased for n in _nodes_read(m)):
                 deferred |= own  # next round, on the graph as it is then
                 continue
             tried.add(_site_key(m))
