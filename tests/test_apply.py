@@ -35,6 +35,8 @@ def test_examples_all_fusions_match_and_do_not_recompile(path):
     summary = fast.summary()
     totals = [r for r in summary if r["family"] == "(all)"]
     assert [r["compiles"] for r in totals] == [1, 1], totals  # one compile per bucket
+    # cold-start accounting: the rewrite's host time, confirmations part of it
+    assert all(r["rewrite_s"] >= r["confirm_s"] >= 0 and r["rewrite_s"] > 0 for r in totals), totals
     assert all(r["launches_after"] < r["launches_before"] for r in totals)
     applied = {r["family"]: r["applied"] for r in summary if r["bucket"] == 8 and "applied" in r}
     # Deepest first: norms folded into the projections that read them (into gate/up with

@@ -152,6 +152,9 @@ class AdvisedModel(torch.nn.Module):
                 "in_place_writes": sum(r.in_place_writes for r in state.reports),
                 "repeats_merged": sum(r.repeats_merged for r in state.reports),
                 "increments_batched": sum(r.increments_batched for r in state.reports),
+                # host time of the rewrites (cold start), of which confirming sites
+                "rewrite_s": round(sum(r.seconds for r in state.reports), 3),
+                "confirm_s": round(sum(r.confirm_seconds for r in state.reports), 3),
                 "cuda_graphs": len(state.graphs.graphs) if state.graphs else None,
                 "cuda_graph_failures": state.graphs.failures if state.graphs else None,
             })

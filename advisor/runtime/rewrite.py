@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,8 @@ class RewriteReport:
     in_place_writes: int = 0  # input (KV cache) updates put back in place
     repeats_merged: int = 0  # ops identical to an earlier one, removed (graph/cse.py)
     increments_batched: int = 0  # input counters (p += c) written by one _foreach_add_
+    seconds: float = 0.0  # host time of the whole rewrite (part of a first call's cold start)
+    confirm_seconds: float = 0.0  # of which confirming sites (their kernels' first compiles too)
 
 
 RANDOM_POSITIONS = 8192  # integer operands are confirmed with random values below this
@@ -228,6 +231,7 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
     rewrites nothing. Matching is linear in the graph and rounds are few (the
     depth of fusions that enable others), where matching again after every site was
     quadratic in the layers (a 32-layer decoder: 194 sites, 8 s on 2 CPU cores)."""
+    start, confirming = time.perf_counter(), 0.0
     cache = {} if cache is None else cache
     all_kernels()  # importing the kernel modules registers their custom ops
     before, params = _count_launches(gm), dict(params)
@@ -248,7 +252,9 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
             config = plan.config_for(m.family)
             key = _signature(m, config)
             if key not in cache:
+                t = time.perf_counter()
                 cache[key] = _confirm_or_reason(m, config)
+                confirming += time.perf_counter() - t
             if isinstance(cache[key], str):
                 results.append(SiteResult(m.family, m.module, False, cache[key]))
                 continue
@@ -272,7 +278,7 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
     increments = batch_input_increments(gm) if results else 0
     use_direct_calls(gm)
     return RewriteReport(tuple(results), before, _count_launches(gm), tuple(merged), in_place,
-                         repeats, increments)
+                         repeats, increments, time.perf_counter() - start, confirming)
 
 
 def _confirm_or_reason(m: Match, config: str) -> float | str:
