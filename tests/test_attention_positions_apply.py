@@ -49,11 +49,13 @@ class _CachedAttention(torch.nn.Module):
             keys = keys + 1
         if self.spelling == "ge":
             visible = pos.view(1, 1, -1, 1) >= keys.view(1, 1, 1, -1)
+        elif self.spelling == "per_batch":  # pos (B,): one position for all of a row's queries
+            visible = keys[None, None, None, :] <= pos[:, None, None, None]
         else:
             visible = keys[None, None, None, :] <= pos[None, None, :, None]
         if self.spelling == "padded":  # and a left-padding term
             visible = visible & (keys >= 2)[None, None, None, :]
-        if self.spelling in ("le", "offset", "padded"):
+        if self.spelling in ("le", "offset", "padded", "per_batch"):
             mask = torch.where(visible, 0.0, torch.finfo(q.dtype).min)
         elif self.spelling == "fp16_min":  # what transformers 5.17 writes on CUDA, any dtype
             mask = torch.where(visible, 0.0, -65504.0)
@@ -66,12 +68,14 @@ class _CachedAttention(torch.nn.Module):
 
 @pytest.mark.parametrize("spelling, positional", [
     ("le", True), ("ge", True), ("fp16_min", True), ("offset", False), ("padded", False),
-    ("small_bias", False)])
+    ("small_bias", False), ("per_batch", False)])
 def test_hand_written_cache_masks(spelling, positional):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 3, 16, generator=g)
     k, v = torch.randn(2, 4, 24, 16, generator=g), torch.randn(2, 4, 24, 16, generator=g)
     pos = torch.tensor([9, 10, 11])  # slots 12.. are dead
+    if spelling == "per_batch":  # as many positions as queries: must not be read as per query
+        q, pos = q[:, :, :2], torch.tensor([3, 20])
     model = _CachedAttention(spelling)
     want = model(q, k, v, pos)
     got, report, targets, q_pos = _rewritten(model, (q, k, v, pos))

@@ -206,6 +206,17 @@ def test_positions_instead_of_a_static_cache_mask(dtype):
         _check(q, k, v, q_pos=spelling.to(torch.int32), config=_cfg(16, 16, splits=4))
 
 
+def test_positions_past_the_cache_and_the_int32_range():
+    """Positions at or past Tk see every key, whatever their dtype's range (clamped before
+    any arithmetic): int32's max, int64 past 2^32; split and unsplit."""
+    q, k, v = _qkv(1, 4, 2, 1, 40, 16, torch.float32, _gen(20))
+    want = attn.reference(q, k, v)
+    for pos in (torch.tensor([2**31 - 1], dtype=torch.int32), torch.tensor([2**32 + 5]),
+                torch.tensor([40])):
+        for cfg in (_cfg(16, 16), _cfg(16, 16, splits=2)):
+            assert_close(attn.launch_attention(q, k, v, q_pos=pos, config=cfg), want)
+
+
 def test_positions_at_prefill_with_causal():
     """Tq > 16 (prefill tiles): per-row bounds from the positions, alone and with is_causal."""
     gen = _gen(18)

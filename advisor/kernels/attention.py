@@ -296,13 +296,15 @@ def _attn_kernel(
     pos_min = 0
     pos_max = 0
     if HAS_POS:
-        pos_i = tl.load(POS + b * sp_b + i64 * sp_t, mask=row_ok, other=0).to(tl.int32)
+        # clamped in the positions' own dtype first: int64 positions past 2^31 see every key
+        pos_i = tl.load(POS + b * sp_b + i64 * sp_t, mask=row_ok, other=0)
+        pos_i = tl.minimum(tl.maximum(pos_i, -1), TK).to(tl.int32)
         pos_min = tl.min(tl.where(row_ok, pos_i, TK), 0)
         pos_max = tl.max(tl.where(row_ok, pos_i, -1), 0)
         if SPLIT:  # the splits share out the keys the batch's last query sees, not all TK
             t = tl.arange(0, BLOCK_TQ)
-            last = tl.max(tl.load(POS + b * sp_b + t * sp_t, mask=t < TQ, other=-1).to(tl.int32), 0)
-            live = tl.minimum(tl.maximum(last + 1, 0), TK)
+            last = tl.max(tl.load(POS + b * sp_b + t * sp_t, mask=t < TQ, other=-1), 0)
+            live = (tl.minimum(tl.maximum(last, -1), TK - 1) + 1).to(tl.int32)
             chunk = tl.cdiv(tl.cdiv(live, tl.num_programs(2)), BLOCK_N) * BLOCK_N
     lo, full, hi = _key_range(pid_m * BLOCK_M, split * chunk, chunk, PACK * TQ, TQ, TK,
                               pos_min, pos_max, CAUSAL, HAS_POS, BLOCK_M, BLOCK_N)

@@ -210,15 +210,15 @@ def _position_mask(mask: Any, b: Any, tq: Any, tk: Any) -> tuple[fx.Node, list[f
     else:
         return None
     key_nodes = _key_index(keys, tk)
-    base, pos_views = _through(pos, _ORDER_KEEPING)
+    # no expand on the positions' side: their elements are the score rows' own, in order
+    base, pos_views = _through(pos, tuple(op for op in _ORDER_KEEPING if op is not aten.expand.default))
     tp, tb = fake(pos), fake(base)
     if key_nodes is None or tp is None or tb is None or tb.dtype not in (torch.int32, torch.int64):
         return None
-    # pos broadcasts along keys and heads: (B|1, 1, Tq|1, 1) as the 4-D score tensor's rows
+    # one position per score row, broadcast along heads and keys: (B|1, 1, Tq, 1)
     shape = tp.shape
-    if len(shape) != 4 or not (_same(shape[1], 1) and _same(shape[3], 1)) or not (
-            _same(shape[0], 1) or _same(shape[0], b)) or not (_same(shape[2], 1) or _same(
-            shape[2], tq)) or not (_same(tb.numel(), tq) or _same(tb.numel(), b * tq)):
+    if len(shape) != 4 or not (_same(shape[1], 1) and _same(shape[3], 1) and _same(shape[2], tq)) \
+            or not (_same(shape[0], 1) or _same(shape[0], b)):
         return None
     return base, [*nodes, cmp, *key_nodes, *pos_views]
 
