@@ -204,6 +204,9 @@ def test_positions_instead_of_a_static_cache_mask(dtype):
     q, k, v = _qkv(2, 4, 2, 1, tk, 32, dtype, gen)
     for spelling in (torch.tensor([33]), torch.tensor([[33]]), torch.tensor([33, 33]).view(2, 1, 1, 1)):
         _check(q, k, v, q_pos=spelling.to(torch.int32), config=_cfg(16, 16, splits=4))
+    q3 = _qkv(2, 4, 2, 3, tk, 32, dtype, gen)[0]
+    with pytest.raises(KernelInputError, match="q_pos"):  # (Tq, B): not (b, i) order
+        attn.launch_attention(q3, k, v, q_pos=torch.zeros(3, 2, dtype=torch.int64))
 
 
 def test_positions_past_the_cache_and_the_int32_range():

@@ -28,7 +28,7 @@ FLOPs (`flops`): 4·D·B·Hq per visible (query, key) pair: Tq·Tk, about half w
 Example (CPU needs TRITON_INTERPRET=1; on CUDA it runs the compiled kernel)::
 
     q, k, v = torch.randn(1, 8, 5, 64), torch.randn(1, 2, 5, 64), torch.randn(1, 2, 5, 64)
-    out = torch.ops.advisor.attention(q, k, v, None, None, None, True, 0.125, False, "")
+    out = torch.ops.advisor.attention(q, k, v, None, None, None, True, 0.125, False, None, "")
 """
 
 from __future__ import annotations
@@ -488,12 +488,13 @@ def _mask4(q, k, mask) -> torch.Tensor:
 
 
 def _positions(q, q_pos) -> torch.Tensor:
-    """q_pos (Tq,), (B|1, Tq) or any shape of B·Tq / Tq elements in (b, i) order -> (B|1, Tq)."""
+    """q_pos (Tq,), (B|1, Tq), or either with size-1 dims added (e.g. (B, 1, Tq, 1)) -> (B|1, Tq)."""
     b, tq = q.shape[0], q.shape[2]
     check(q_pos.dtype in (torch.int32, torch.int64), f"q_pos must be int32/int64; got {q_pos.dtype}")
     check(q_pos.device == q.device, f"q_pos on {q_pos.device}, q on {q.device}")
-    check(q_pos.numel() in (tq, b * tq), f"q_pos {tuple(q_pos.shape)}: need Tq={tq} or "
-          f"B·Tq={b * tq} positions")
+    dims = [d for d in q_pos.shape if d != 1]
+    check(dims in ([d for d in (tq,) if d != 1], [d for d in (b, tq) if d != 1]),
+          f"q_pos {tuple(q_pos.shape)}: need (Tq,) or (B|1, Tq) with Tq={tq}, B={b}")
     return q_pos.reshape(-1, tq) if tq else q_pos.reshape(1, 0)
 
 

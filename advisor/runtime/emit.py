@@ -273,7 +273,7 @@ def _emit_rope_table(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx
     for name in ("a", "b"):
         node = m.operands[name]
         for view in m.operands.get(f"{name}_views", ()):
-            with graph.inserting_after(node):
+            with graph.inserting_after(view):  # after its sizes too (symbolic ones are nodes)
                 node = _new(graph, view.target, (node, *view.args[1:]), dict(view.kwargs))
         for d0, d1 in m.operands["transposes"]:
             with graph.inserting_after(node):

@@ -57,12 +57,15 @@ class RewriteReport:
 RANDOM_POSITIONS = 8192  # integer operands are confirmed with random values below this
 
 
-def _random_like(node: fx.Node, gen: torch.Generator, slots: int | None = None) -> Any:
+def _random_like(node: fx.Node, gen: torch.Generator, slots: int | None = None,
+                 keys: int | None = None) -> Any:
     """A random non-zero tensor shaped like the node's value (a SymInt input: its hint).
     `slots`: the match writes a cache of that many positions, and an integer input is the
-    positions it writes: distinct random slots; other integer inputs are positions too
-    (random, < RANDOM_POSITIONS). A match whose graph cannot take them (an index out of
-    range) fails to confirm and stays unfused."""
+    positions it writes: distinct random slots. `keys`: the match attends over that many
+    keys, and an integer input is the queries' positions: random in [0, keys], so some keys
+    are hidden and some rows see them all. Other integer inputs are positions too (random,
+    < RANDOM_POSITIONS). A match whose graph cannot take them (an index out of range) fails
+    to confirm and stays unfused."""
     val = node.meta.get("val")
     if isinstance(val, (int, torch.SymInt)):
         return hint(val)
@@ -72,6 +75,8 @@ def _random_like(node: fx.Node, gen: torch.Generator, slots: int | None = None) 
     shape = tuple(hint(s) for s in t.shape)
     if slots is not None and not t.dtype.is_floating_point and len(shape) == 1 and shape[0] <= slots:
         return torch.randperm(slots, generator=gen)[:shape[0]].to(device=t.device, dtype=t.dtype)
+    if keys is not None and t.dtype in (torch.int32, torch.int64):
+        return torch.randint(0, keys + 1, shape, generator=gen).to(device=t.device, dtype=t.dtype)
     if t.dtype in (torch.int32, torch.int64):  # positions (rope_table): long contexts' angles
         return torch.randint(0, RANDOM_POSITIONS, shape, generator=gen).to(device=t.device, dtype=t.dtype)
     if not t.dtype.is_floating_point:
@@ -129,7 +134,7 @@ def confirm(m: Match, config: str, seed: int = 0) -> float:
     gen = torch.Generator().manual_seed(seed)
     # Compilers run under the tracer's fake mode: confirm on real tensors.
     with unset_fake_temporarily(), torch.inference_mode():
-        args = [_random_like(n, gen, m.operands.get("slots")) for n in inputs]
+        args = [_random_like(n, gen, m.operands.get("slots"), m.operands.get("keys")) for n in inputs]
         # Each side on its own copy: a match may write its inputs in place (a KV cache).
         want = ref_gm(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
         got = fused_gm(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])

@@ -16,7 +16,7 @@ import torch
 from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from advisor.graph.capture import fake, module_path
+from advisor.graph.capture import fake, hint, module_path
 from advisor.graph.match import Match, aten, is_getitem, is_op, strip_views
 
 SDPA_OPS = tuple(
@@ -254,6 +254,8 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         base = (*mask_nodes, *k_chain, *v_chain, node, *items)
         common = {"v": v, "mask": mask, "causal": bool(a.get("is_causal", False)),
                   "scale": float(scale), "interleaved": False, "q_pos": q_pos}
+        if q_pos is not None:  # confirmation draws positions among the keys (rewrite.py)
+            common["keys"] = hint(tk.shape[2])
         rm = rope_of.get(a["query"])
         if rm is not None and rm.outputs.get("q") is a["query"] and rm.outputs.get("k") is k:
             operands = {**common, "q": rm.operands["q"], "k": rm.operands["k"],
