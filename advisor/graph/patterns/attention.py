@@ -128,6 +128,8 @@ def _unrepeat(node: Any) -> tuple[Any, list[fx.Node]]:
 _ORDER_KEEPING = (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
                   aten.unsqueeze.default, aten.expand.default, aten.squeeze.dim,
                   aten.squeeze.default, aten.alias.default)
+# The positions' side takes no expand: its elements must be the score rows' own, in order.
+_POSITION_VIEWS = tuple(op for op in _ORDER_KEEPING if op is not aten.expand.default)
 _ARANGE = (aten.arange.default, aten.arange.start, aten.arange.start_step)
 _WHERE = tuple(getattr(aten.where, o) for o in ("self", "ScalarSelf", "ScalarOther", "Scalar")
                if hasattr(aten.where, o))
@@ -210,8 +212,7 @@ def _position_mask(mask: Any, b: Any, tq: Any, tk: Any) -> tuple[fx.Node, list[f
     else:
         return None
     key_nodes = _key_index(keys, tk)
-    # no expand on the positions' side: their elements are the score rows' own, in order
-    base, pos_views = _through(pos, tuple(op for op in _ORDER_KEEPING if op is not aten.expand.default))
+    base, pos_views = _through(pos, _POSITION_VIEWS)
     tp, tb = fake(pos), fake(base)
     if key_nodes is None or tp is None or tb is None or tb.dtype not in (torch.int32, torch.int64):
         return None
@@ -241,7 +242,8 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         # the static cache's causal mask: the kernel bounds each row's keys by its position
         positions = None if mask is None else _position_mask(mask, tq.shape[0], tq.shape[2], tk.shape[2])
         q_pos, mask_nodes = positions if positions is not None else (None, [])
-        if positions is None and mask is not None and fake(mask).dtype == torch.bool:
+        tm = fake(mask) if positions is None and mask is not None else None
+        if tm is not None and tm.dtype == torch.bool:  # other bool masks: the kernel adds biases
             continue
         mask = None if positions is not None else mask
         items = [u for u in node.users if is_getitem(u)]
