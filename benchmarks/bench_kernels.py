@@ -8,6 +8,10 @@ config of a sweep of its space. Achieved GB/s = minimal bytes moved ÷ time, aga
 copy bandwidth measured in the same run and against a copy of the same bytes. Output: kernels.json under $OUT.
 
     python benchmarks/bench_kernels.py [--tokens 1,128,512,2048,8192] [--kernels a,b] [--sweep 12]
+        [--where LAYOUT=2,EVICT=1]
+
+`--where` narrows each kernel's sweep to the configs of its space with those axis values
+(axes a space does not have are ignored for it), e.g. gated_act's flat configs only.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from triton.testing import do_bench, do_bench_cudagraph
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.kernels.registry import all_kernels  # noqa: E402
-from advisor.kernels.space import encode  # noqa: E402
+from advisor.kernels.space import decode, encode  # noqa: E402
 from advisor.kernels.testing import max_abs_error, max_violation, tolerance  # noqa: E402
 from advisor.profile.ceilings import measure_ceilings  # noqa: E402
 from benchmarks.common import header, write  # noqa: E402
@@ -65,9 +69,16 @@ def _rotating(fn_of, input_sets):
     return lambda: [fn_of(inp) for inp in input_sets], n
 
 
-def bench_kernel(spec, tokens: int, dtype: torch.dtype, sweep: int, compiled, configs=None) -> dict:
+def _matches(cfg: dict, where: dict) -> bool:
+    """cfg has every value of `where` on the axes it has (others are not its business)."""
+    return all(cfg[k] == v for k, v in where.items() if k in cfg)
+
+
+def bench_kernel(spec, tokens: int, dtype: torch.dtype, sweep: int, compiled, configs=None,
+                 where=None) -> dict:
     """One row: correctness, eager / compile / default / best-of-sweep times. `configs`: time
-    these (well-formed and kept for the problem) instead of a sweep of the space."""
+    these (well-formed and kept for the problem) instead of a sweep of the space; `where`:
+    sweep only the space's configs with these axis values (see `_matches`)."""
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(tokens)
     inputs = spec.make_inputs(spec.bench_dims(tokens), dtype, dev, gen)
@@ -90,7 +101,7 @@ def bench_kernel(spec, tokens: int, dtype: torch.dtype, sweep: int, compiled, co
     row["default_ms"] = timed(lambda inp: spec.launch(*inp, config=default))
     best_cfg, best_ms, tried = default, row["default_ms"], 0
     if configs is None:
-        every = spec.space.configs(problem)
+        every = [c for c in spec.space.configs(problem) if _matches(c, where or {})]
         configs = every[::max(1, len(every) // sweep)] if sweep else []
     else:
         configs = [c for c in configs if spec.space.keep(c, problem)]
@@ -134,7 +145,9 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,128,512,2048,8192")
     ap.add_argument("--kernels", default="")
     ap.add_argument("--sweep", type=int, default=12, help="configs timed per shape (0: default only)")
+    ap.add_argument("--where", default="", help="sweep only configs with these axis values: K=V,...")
     args = ap.parse_args()
+    where = decode(args.where)
     dev, dtype = torch.device("cuda"), torch.bfloat16
     ceilings = measure_ceilings(dev)
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -144,7 +157,7 @@ def main() -> None:
     rows, failures = [], []
 
     def save() -> Path:  # after every row: a run cut by its time limit keeps what it measured
-        payload = header(dev, dtype="bfloat16", tokens=tokens,
+        payload = header(dev, dtype="bfloat16", tokens=tokens, where=args.where,
                          timing="do_bench_cudagraph median (device time; do_bench median where capture fails)")
         payload.update(ceilings={"copy_gbps": ceilings.copy_gbps, "matmul_tflops": ceilings.matmul_tflops,
                                  "launch_us": ceilings.launch_us, "graph_launch_us": ceilings.graph_launch_us},
@@ -155,7 +168,7 @@ def main() -> None:
         compiled = torch.compile(spec.unfused_ops(), dynamic=False)
         for t in tokens:
             try:
-                row = bench_kernel(spec, t, dtype, args.sweep, compiled)
+                row = bench_kernel(spec, t, dtype, args.sweep, compiled, where=where)
                 row["frac_of_copy_bw"] = row["best_gbps"] / ceilings.copy_gbps
                 rows.append(row)
                 print(f"{name:16s} {t:5d} tok  eager {row['eager_ms']*1e3:8.1f}us  compile "

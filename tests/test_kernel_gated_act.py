@@ -93,11 +93,11 @@ def test_even_and_ragged_tiles(rows, n, even, op):
     buf = nan_filled((rows + 3, n), torch.bfloat16, gate.device)
     out = buf[:rows]
     if op == "plain":
-        _, meta, grid = ga._prepare(gate, up, out, "silu", TILE)
+        _, _, meta, grid = ga._prepare(gate, up, out, "silu", TILE)
         ga.launch_gated_act(gate, up, "silu", TILE, out=out)
     else:
         gu = torch.cat([gate, up], -1)
-        _, meta, grid = ga._prepare(*ga._split_merged(gu), out, "silu", TILE)
+        _, _, meta, grid = ga._prepare(*ga._split_merged(gu), out, "silu", TILE)
         ga.launch_gated_act_merged(gu, "silu", TILE, out=out)
     assert {k: meta[k] for k in TILE} == TILE  # the config was kept, not replaced
     assert (meta["EVEN_M"], meta["EVEN_N"]) == even
@@ -132,7 +132,7 @@ def test_grid_is_flat_and_column_tiles_come_first():
         ga.grid_of({"BLOCK_M": 1, "BLOCK_N": 64}, 1 << 30, 4096)
     # the launchers hand the kernel that grid and the EVEN flags
     gate, up = _pair((4, 1024), torch.float32)
-    _, meta, grid = ga._prepare(gate, up, torch.empty_like(gate), "silu", None)
+    _, _, meta, grid = ga._prepare(gate, up, torch.empty_like(gate), "silu", None)
     assert len(grid) == 1 and {"EVEN_M", "EVEN_N"} <= set(meta)
 
 
@@ -140,11 +140,24 @@ def test_grid_is_flat_and_column_tiles_come_first():
     "rows, n", [(1, 1), (1, 64), (3, 1000), (1, 14336), (8192, 14336), (16384, 4096)]
 )
 def test_space_default_is_kept_and_grid_modest(rows, n):
-    problem = {"n_rows": rows, "n_cols": n, "dtype": "torch.bfloat16"}
-    configs = ga.SPACE.configs(problem)
-    assert ga.SPACE.default(problem) in configs
-    assert 1 <= len(configs) <= 40
-    assert all(c["BLOCK_M"] * c["BLOCK_N"] <= ga.MAX_TILE for c in configs)
+    for flat in (False, True):
+        problem = ga._problem(rows, n, torch.bfloat16, flat)
+        configs = ga.SPACE.configs(problem)
+        assert ga.SPACE.default(problem) in configs
+        tiles = [c for c in configs if c["LAYOUT"] == ga.TILES]
+        flats = [c for c in configs if c["LAYOUT"] == ga.FLAT]
+        # tiles: the 2-D space (as bias_act has it) under either hint, contiguous or not
+        both = {encode({**c, "LAYOUT": ga.TILES, "EVICT": e})
+                for c in ga.TILE_SPACE.configs(problem) for e in ga.EVICTIONS}
+        assert {encode(c) for c in tiles} == both
+        assert 1 <= len(tiles) // len(ga.EVICTIONS) <= 40
+        assert all(c["BLOCK_M"] * c["BLOCK_N"] <= ga.MAX_TILE for c in tiles)
+        # flat: only where contiguous; at a big problem every BLOCK x warps x hint
+        assert all(c["BLOCK_M"] == 1 and c["num_warps"] in ga.FLAT_WARPS for c in flats)
+        if not flat:
+            assert flats == []
+        elif rows * n >= 4096:
+            assert len(flats) == len(ga.FLAT_BLOCKS) * len(ga.FLAT_WARPS) * len(ga.EVICTIONS)
 
 
 def test_custom_op_and_torch_compile():
@@ -191,6 +204,8 @@ def test_rejects_bad_input():
                                                        "num_warps": 1}),  # off the axis
         lambda: ga.launch_gated_act(gate, up, "silu", out=torch.empty(2, 7)),  # out shape
         lambda: ga.launch_gated_act_merged(gate[:, :7], "silu"),  # odd merged width
+        lambda: ga.launch_gated_act(gate, up, "silu", {**FLAT_A, "LAYOUT": 3}),  # off the axis
+        lambda: ga.launch_gated_act(gate, up, "silu", {**FLAT_A, "EVICT": 0}),  # off the axis
     ]
     for call in bad:
         with pytest.raises(KernelInputError):
@@ -213,3 +228,74 @@ def test_registry_entry(name):
             assert spec.spills(*inputs, config=cfg) is None  # interpreter: nothing compiled
     assert spec.bench_dims(2048) == {"rows": 2048, "n": 14336}
     assert spec.unfused_launches == 2
+
+
+# --- flat layout (LAYOUT=FLAT): BLOCK_N consecutive elements of the flattened numel --------
+
+FLAT_A = {"BLOCK_M": 1, "BLOCK_N": 512, "num_warps": 4, "LAYOUT": ga.FLAT, "EVICT": 1}
+FLAT_B = {"BLOCK_M": 1, "BLOCK_N": 4096, "num_warps": 8, "LAYOUT": ga.FLAT, "EVICT": 2}
+
+
+@pytest.mark.parametrize("shape", [(3, 1000), (1, 4095), (2, 2, 1024)])  # ragged, ragged, even
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", [FLAT_A, FLAT_B], ids=["512x4w-nohint", "4096x8w-evict_first"])
+def test_flat_matches_reference_every_element_written(shape, dtype, cfg):
+    """The flat kernel runs (not a fallback), masks exactly when BLOCK_N does not divide
+    numel, writes every element and nothing past the output (a poisoned tail)."""
+    gate, up = _pair(shape, dtype, seed=5)
+    numel = gate.numel()
+    buf = nan_filled((numel + 100,), dtype, gate.device)
+    out = buf[:numel].view(shape)
+    n = shape[-1]
+    kernel, _, meta, grid = ga._prepare(gate.view(-1, n), up.view(-1, n), out.view(-1, n),
+                                        "silu", cfg, flat=True)
+    assert kernel is ga._gated_act_flat_kernel
+    assert (meta["BLOCK"], meta["num_warps"]) == (cfg["BLOCK_N"], cfg["num_warps"])
+    assert meta["EVICT"] == ga.EVICTIONS[cfg["EVICT"]] and not meta["INT64"]
+    assert meta["EVEN"] == (numel % cfg["BLOCK_N"] == 0)
+    assert grid == (triton.cdiv(numel, cfg["BLOCK_N"]),)
+    assert ga.launch_gated_act(gate, up, "silu", cfg, out=out) is out
+    assert_close(out, ga.reference(gate, up, "silu"))
+    assert torch.isnan(buf[numel:]).all()
+
+
+def test_flat_int64_offsets():
+    """int64 offsets from 2^31 elements on (shapes only: meta tensors); the int64 code
+    path itself, forced on a small problem, computes the same."""
+    for numel, wide in ((2**31 - 4096, False), (2**31 - 4095, True), (2**31 + 1, True)):
+        g = torch.empty(1, numel, device="meta")
+        _, _, meta, _ = ga._prepare(g, g, g, "silu", FLAT_B, flat=True)
+        assert meta["INT64"] == wide, numel
+    gate, up = _pair((3, 1000), torch.float32, seed=6)
+    out = nan_filled((3, 1000), torch.float32, gate.device)
+    ga._gated_act_flat_kernel[(6,)](gate, up, out, 3000, ACT=0, BLOCK=512, EVEN=False,
+                                    INT64=True, GDC=False)
+    assert_close(out, ga.reference(gate, up, "silu"))
+
+
+def test_flat_only_where_contiguous():
+    """Strided halves (and the merged form) keep only tiles: a flat config there runs the
+    default tile config (ConfigSpace.resolve), correctly."""
+    gu = randn_nonzero((4, 2 * 512), torch.bfloat16, "cpu", torch.Generator().manual_seed(7))
+    gate, up = gu.chunk(2, dim=-1)  # (4, 512) views, row stride 1024
+    for cfg in (FLAT_A, FLAT_B):
+        kernel, _, meta, _ = ga._prepare(*ga._split_merged(gu), torch.empty(4, 512), "silu", cfg)
+        assert kernel is ga._gated_act_kernel and meta["EVICT"] == "evict_first"
+        want = ga.reference(gate, up, "silu")
+        assert_close(ga.launch_gated_act(gate, up, "silu", cfg), want)
+        assert_close(ga.launch_gated_act_merged(gu, "silu", cfg), want)
+    assert get("gated_act").problem(gate, up, "silu")["flat"] is False
+    assert get("gated_act").problem(gate.contiguous(), up.contiguous(), "silu")["flat"] is True
+
+
+def test_config_without_new_axes_is_the_old_behaviour():
+    """A config stored before LAYOUT / EVICT existed runs 2-D tiles with evict_first."""
+    old = {"BLOCK_M": 1, "BLOCK_N": 1024, "num_warps": 4}
+    problem = ga._problem(4, 1024, torch.bfloat16, True)
+    assert ga.SPACE.resolve(old, problem) == {**old, "LAYOUT": ga.TILES, "EVICT": 2}
+    assert ga.SPACE.default(problem)["LAYOUT"] == ga.TILES  # default unchanged: tiles
+    gate, up = _pair((4, 1024), torch.bfloat16)
+    assert_close(torch.ops.advisor.gated_act(gate, up, "silu", encode(old)),
+                 ga.reference(gate, up, "silu"))
+    assert_close(torch.ops.advisor.gated_act(gate, up, "gelu", encode(FLAT_B)),
+                 ga.reference(gate, up, "gelu"))

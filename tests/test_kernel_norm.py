@@ -145,11 +145,70 @@ def test_empty(op):
 
 def test_space():
     for n in (1, 100, 1000, 4095, 4096, 14336, 32768):
-        problem = {"n_rows": 4096, "n_cols": n, "dtype": "torch.bfloat16"}
-        configs = norm.SPACE.configs(problem)
-        assert norm.SPACE.default(problem) in configs
-        assert 1 <= len(configs) <= 40
-        assert all(c["BLOCK_N"] >= n for c in configs)
+        for rms in (False, True):
+            problem = {"n_rows": 4096, "n_cols": n, "dtype": "torch.bfloat16", "rms": rms}
+            configs = norm.SPACE.configs(problem)
+            assert norm.SPACE.default(problem) in configs
+            base = [c for c in configs if c["STATS"] == c["ROW_TILE"] == 1]
+            assert 1 <= len(base) <= 40 and len(configs) <= 60
+            assert all(c["BLOCK_N"] >= n for c in configs)
+            assert not (rms and any(c["STATS"] == 2 for c in configs))  # RMSNorm has no mean
+            assert all(c["ROWS_PER_PROG"] > 1 for c in configs if c["ROW_TILE"] == 2)
+
+
+# ----------------------------------------------------------------------------- variants
+
+VARIANTS = {  # (3, 1000) fp32..bf16: BLOCK_N 1024 is the tightest tile
+    "stats2": {"BLOCK_N": 1024, "num_warps": 2, "ROWS_PER_PROG": 2, "STATS": 2, "ROW_TILE": 1},
+    "tile2": {"BLOCK_N": 1024, "num_warps": 4, "ROWS_PER_PROG": 2, "STATS": 1, "ROW_TILE": 2},
+    "tile4": {"BLOCK_N": 1024, "num_warps": 8, "ROWS_PER_PROG": 4, "STATS": 1, "ROW_TILE": 2},
+}
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_variants_match_reference(op, dtype, variant):
+    """STATS=2 / ROW_TILE=2 (kept, not replaced by the default) on 5 rows of 1000: a ragged
+    last row tile, every output written (NaN-filled), residual exact."""
+    cfg = VARIANTS[variant]
+    rms = "rms" in op
+    x, r, w, b = _xrwb((5, 1000), dtype)
+    problem = norm.SPECS[op].problem(x)
+    if rms and cfg["STATS"] == 2:
+        assert not norm.SPACE.keep(cfg, problem)  # runs the default: nothing new to test
+        return
+    assert norm.SPACE.resolve(cfg, problem) == cfg
+    y = nan_filled(x.shape, dtype, x.device)
+    h = nan_filled(x.shape, dtype, x.device)
+    w_or_none = w if op != "add_layer_norm" else None  # one LayerNorm without weight
+    args = (x, r) if op.startswith("add") else (x,)
+    if rms:
+        norm._norm(x, r if op.startswith("add") else None, w, None, EPS, 1.0, True, cfg, y, h)
+        want = lambda t: norm.rms_norm_reference(t, w, EPS, 1.0)  # noqa: E731
+    else:
+        norm._norm(x, r if op.startswith("add") else None, w_or_none, b, EPS, 0.0, False, cfg, y, h)
+        want = lambda t: norm.layer_norm_reference(t, w_or_none, b, EPS)  # noqa: E731
+    if len(args) == 2:
+        _check_add(y, h, x, r, want)
+    else:
+        assert_close(y, want(x))
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_one_pass_stats_offset_rows_and_outlier_shift(dtype):
+    """STATS=2 where the two-moment formula would cancel: rows offset far from zero (the
+    shift k = h[0] takes the offset out) and rows whose first element is an outlier (the
+    guard takes the exact second pass)."""
+    x, _, w, b = _xrwb((4, 1000), torch.float32)
+    x = x + 300.0  # |mean| >> std
+    x[2:, 0] = 5000.0  # k an outlier: E[d]² ≈ E[d²]
+    x = x.to(dtype)
+    w, b = w.to(dtype), b.to(dtype)
+    # fp64 reference: at |mean| = 300 the fp32 two-pass (and F.layer_norm in fp32) is off by
+    # ~8e-5, the shifted one-pass by < 1e-6
+    want = torch.nn.functional.layer_norm(x.double(), (1000,), w.double(), b.double(), EPS)
+    assert_close(norm.launch_layer_norm(x, w, b, EPS, VARIANTS["stats2"]), want.to(dtype))
 
 
 # ----------------------------------------------------------------------------- rejection

@@ -30,7 +30,6 @@ import triton.language as tl
 
 from advisor.kernels._triton import check, check_float, interpreting, resources, triton_can_run
 from advisor.kernels.gated_act import (
-    SPACE,
     TEST_DIMS,
     activation_code,
     activation_of,
@@ -43,6 +42,7 @@ from advisor.kernels.gated_act import (
     tile_index,
     tile_mask,
 )
+from advisor.kernels.gated_act import TILE_SPACE as SPACE  # 2-D tiles; flat: gated_act only
 from advisor.kernels.registry import KernelSpec, register
 from advisor.kernels.space import Problem, decode
 from advisor.kernels.testing import randn_nonzero

@@ -13,13 +13,23 @@ strided views, so `torch.chunk` costs no copy.
 
 The activation math (`silu`, `gelu_erf`, `gelu_tanh`, `relu`, `apply_activation`) and its
 torch twin `activation_ref` live here once; `bias_act` imports them, and so does the shared
-2-D elementwise config space `SPACE` and tiling (`tile_index`, `tile_mask`, `grid_of`,
+2-D elementwise config space `TILE_SPACE` and tiling (`tile_index`, `tile_mask`, `grid_of`,
 `even_of`).
 
 Memory access follows Inductor's pointwise kernels: a flattened 1-D grid whose consecutive
 programs take consecutive column tiles of a row (neighbouring memory in flight together),
 loads and stores without masks when the tile divides the problem (EVEN_M, EVEN_N: every
 Llama width at the usual token counts), and `evict_first` on the inputs, which are read once.
+
+Two more axes of the config space (`SPACE`), for issue 3 (Inductor's 1-D kernel beat every
+2-D tile by 3-7% at 2048-8192 tokens on the H200):
+  LAYOUT  1 = 2-D tiles (`_gated_act_kernel`, any row stride: the merged form's halves);
+          2 = flat (`_gated_act_flat_kernel`): gate, up, out contiguous, each program takes
+          BLOCK_N consecutive elements of the flattened numel, as Inductor's XBLOCK kernel
+          does: one contiguous span per program, no row arithmetic, no masks when BLOCK_N
+          divides numel (EVEN), int32 offsets below 2^31 elements.
+  EVICT   L2 hint on gate and up: 1 = none (Inductor's), 2 = evict_first (the default).
+A config without these axes (stored before them) means LAYOUT=1, EVICT=2 (`ConfigSpace.fill`).
 
 Example (CPU needs TRITON_INTERPRET=1; on CUDA it runs the compiled kernel)::
 
@@ -166,6 +176,7 @@ def _gated_act_kernel(
     EVEN_M: tl.constexpr,  # n_rows % BLOCK_M == 0: no row bounds check
     EVEN_N: tl.constexpr,  # n_cols % BLOCK_N == 0: no column bounds check
     GDC: tl.constexpr,  # programmatic dependent launch (_triton.pdl_launch)
+    EVICT: tl.constexpr = "evict_first",  # L2 hint on gate, up (EVICTIONS): read once
     INTERP_BF16: tl.constexpr = False,  # round to nearest under the interpreter (cast_rn)
 ):
     gdc_enter(GDC)
@@ -175,20 +186,55 @@ def _gated_act_kernel(
     g_ptrs = gate_ptr + rows64 * stride_gate + cols[None, :]
     u_ptrs = up_ptr + rows64 * stride_up + cols[None, :]
     o_ptrs = out_ptr + rows64 * stride_out + cols[None, :]
-    # gate and up are read exactly once: evict_first keeps them from crowding L2.
     if EVEN_M and EVEN_N:
-        g = tl.load(g_ptrs, eviction_policy="evict_first")
-        u = tl.load(u_ptrs, eviction_policy="evict_first")
+        g = tl.load(g_ptrs, eviction_policy=EVICT)
+        u = tl.load(u_ptrs, eviction_policy=EVICT)
     else:
         mask = tile_mask(rows, cols, n_rows, n_cols, EVEN_M, EVEN_N)
-        g = tl.load(g_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
-        u = tl.load(u_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
-    y = apply_activation(g.to(tl.float32), ACT) * u.to(tl.float32)
-    out = cast_rn(y, out_ptr.dtype.element_ty, INTERP_BF16)
+        g = tl.load(g_ptrs, mask=mask, other=0.0, eviction_policy=EVICT)
+        u = tl.load(u_ptrs, mask=mask, other=0.0, eviction_policy=EVICT)
+    out = _gated(g, u, out_ptr, ACT, INTERP_BF16)
     if EVEN_M and EVEN_N:
         tl.store(o_ptrs, out)
     else:
         tl.store(o_ptrs, out, mask=mask)
+
+
+@triton.jit
+def _gated(g, u, out_ptr, ACT: tl.constexpr, INTERP_BF16: tl.constexpr):
+    """act(g)·u in fp32, rounded to out's dtype: the math both layouts share."""
+    y = apply_activation(g.to(tl.float32), ACT) * u.to(tl.float32)
+    return cast_rn(y, out_ptr.dtype.element_ty, INTERP_BF16)
+
+
+@triton.jit
+def _gated_act_flat_kernel(
+    gate_ptr,  # (numel,) contiguous
+    up_ptr,  # (numel,) contiguous, same layout as gate
+    out_ptr,  # (numel,) contiguous; dtype = gate dtype
+    numel,
+    ACT: tl.constexpr,  # activation code, see ACTIVATIONS
+    BLOCK: tl.constexpr,  # consecutive elements per program
+    EVEN: tl.constexpr,  # numel % BLOCK == 0: no bounds check
+    INT64: tl.constexpr,  # numel rounded up to BLOCK reaches 2^31: int64 offsets
+    GDC: tl.constexpr,  # programmatic dependent launch (_triton.pdl_launch)
+    EVICT: tl.constexpr = "",  # L2 hint on gate, up (EVICTIONS)
+    INTERP_BF16: tl.constexpr = False,  # round to nearest under the interpreter (cast_rn)
+):
+    gdc_enter(GDC)
+    pid = tl.program_id(0)
+    if INT64:
+        pid = pid.to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,) the program's span of numel
+    if EVEN:
+        g = tl.load(gate_ptr + offs, eviction_policy=EVICT)
+        u = tl.load(up_ptr + offs, eviction_policy=EVICT)
+        tl.store(out_ptr + offs, _gated(g, u, out_ptr, ACT, INTERP_BF16))
+    else:
+        mask = offs < numel
+        g = tl.load(gate_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT)
+        u = tl.load(up_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT)
+        tl.store(out_ptr + offs, _gated(g, u, out_ptr, ACT, INTERP_BF16), mask=mask)
 
 
 # --- config space: 2-D elementwise tiles (shared with bias_act) ---------------------------
@@ -212,7 +258,7 @@ def _warp_range(tile: int) -> tuple[int, int]:
     return min(16, max(1, tile // 512)), min(16, max(1, tile // 256))
 
 
-def keep(cfg: Config, problem: Problem) -> bool:
+def keep_tile(cfg: Config, problem: Problem) -> bool:
     tile = cfg["BLOCK_M"] * cfg["BLOCK_N"]
     lo, hi = _warp_range(tile)
     return (
@@ -224,7 +270,7 @@ def keep(cfg: Config, problem: Problem) -> bool:
     )
 
 
-def default(problem: Problem) -> Config:
+def default_tile(problem: Problem) -> Config:
     """Tile ≈ 1/128 of the problem (≥ 64, ≤ 4096 elements), as wide as the row allows."""
     total = _pow2(problem["n_rows"]) * _pow2(problem["n_cols"])
     target = min(4096, max(64, total // 128))
@@ -233,14 +279,42 @@ def default(problem: Problem) -> Config:
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": _warp_range(block_m * block_n)[0]}
 
 
+TILE_AXES: dict[str, tuple[int, ...]] = {
+    "BLOCK_N": (64, 128, 256, 512, 1024, 2048, 4096),
+    "BLOCK_M": (1, 2, 4, 8, 16),
+    "num_warps": (1, 2, 4, 8, 16),
+}
+TILE_SPACE = ConfigSpace(axes=TILE_AXES, default=default_tile, keep=keep_tile)  # bias_act's
+
+# gated_act's two extra axes (module docstring). Values start at 1: recipes take 1..65536.
+TILES, FLAT = 1, 2  # LAYOUT
+EVICTIONS: dict[int, str] = {1: "", 2: "evict_first"}  # EVICT -> tl.load eviction_policy
+FLAT_BLOCKS = (512, 1024, 2048, 4096)  # BLOCK_N of a flat config: Inductor's XBLOCK ± 2x
+FLAT_WARPS = (4, 8)  # 512..4096 elements over 128 or 256 threads: 2..32 per thread
+
+
+def keep(cfg: Config, problem: Problem) -> bool:
+    """Tiles as `keep_tile`, any hint; flat configs only where the launcher can run them:
+    gate, up, out contiguous alike (problem["flat"]), one row of BLOCK_N elements (BLOCK_M
+    = 1), no wider than the problem. A problem without "flat" is taken as strided."""
+    if cfg.get("LAYOUT", TILES) == TILES:
+        return keep_tile(cfg, problem)
+    numel = _pow2(problem["n_rows"] * problem["n_cols"])
+    return (bool(problem.get("flat", False)) and cfg["BLOCK_M"] == 1
+            and cfg["BLOCK_N"] in FLAT_BLOCKS and cfg["num_warps"] in FLAT_WARPS
+            and cfg["BLOCK_N"] <= max(FLAT_BLOCKS[0], numel))
+
+
+def default(problem: Problem) -> Config:
+    """The tile default, with evict_first: what gated_act ran before the flat layout."""
+    return {**default_tile(problem), "LAYOUT": TILES, "EVICT": 2}
+
+
 SPACE = ConfigSpace(
-    axes={
-        "BLOCK_N": (64, 128, 256, 512, 1024, 2048, 4096),
-        "BLOCK_M": (1, 2, 4, 8, 16),
-        "num_warps": (1, 2, 4, 8, 16),
-    },
+    axes={**TILE_AXES, "LAYOUT": (TILES, FLAT), "EVICT": tuple(EVICTIONS)},
     default=default,
     keep=keep,
+    fill={"LAYOUT": TILES, "EVICT": 2},
 )
 
 
@@ -295,31 +369,50 @@ def out_buffer(like: torch.Tensor, shape: tuple[int, ...],
     return out
 
 
+INT32_SPAN = 2**31  # flat offsets pid·BLOCK + i (< numel rounded up to BLOCK) stay int32 below
+
+
 def _prepare(gate2: torch.Tensor, up2: torch.Tensor, out2: torch.Tensor, activation: str,
-             config: Mapping[str, int] | None) -> tuple[tuple, dict[str, int], tuple[int]]:
-    """Kernel arguments, constexprs and grid for 2-D row views of gate, up, out."""
+             config: Mapping[str, int] | None,
+             flat: bool = False) -> tuple[Any, tuple, dict[str, Any], tuple[int]]:
+    """Kernel, arguments, constexprs and grid for 2-D row views (rows, N) of gate, up, out.
+    `flat`: the three are contiguous alike, so flat configs are kept for this problem."""
     n_rows, n_cols = gate2.shape
-    cfg = SPACE.resolve(config, {"n_rows": n_rows, "n_cols": n_cols, "dtype": str(gate2.dtype)})
+    cfg = SPACE.resolve(config, _problem(n_rows, n_cols, gate2.dtype, flat))
+    meta: dict[str, Any] = {"ACT": activation_code(activation), "num_warps": cfg["num_warps"],
+                            "EVICT": EVICTIONS[cfg["EVICT"]],
+                            "INTERP_BF16": interpreting() and out2.dtype == torch.bfloat16}
+    if cfg["LAYOUT"] == FLAT:
+        numel, block = n_rows * n_cols, cfg["BLOCK_N"]
+        meta.update(BLOCK=block, EVEN=numel % block == 0,
+                    INT64=triton.cdiv(numel, block) * block >= INT32_SPAN)
+        return _gated_act_flat_kernel, (gate2, up2, out2, numel), meta, (triton.cdiv(numel, block),)
     args = (gate2, up2, out2, n_rows, n_cols, gate2.stride(0), up2.stride(0), out2.stride(0))
-    meta = {"ACT": activation_code(activation), **cfg, **even_of(cfg, n_rows, n_cols),
-            "INTERP_BF16": interpreting() and out2.dtype == torch.bfloat16}
-    return args, meta, grid_of(cfg, n_rows, n_cols)
+    meta.update(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **even_of(cfg, n_rows, n_cols))
+    return _gated_act_kernel, args, meta, grid_of(cfg, n_rows, n_cols)
 
 
 def _launch_rows(gate2: torch.Tensor, up2: torch.Tensor, out: torch.Tensor, activation: str,
-                 config: Mapping[str, int] | None) -> torch.Tensor:
-    args, meta, grid = _prepare(gate2, up2, out.view(-1, gate2.shape[1]), activation, config)
-    _gated_act_kernel[grid](*args, **meta, **pdl_launch(out))
+                 config: Mapping[str, int] | None, flat: bool = False) -> torch.Tensor:
+    kernel, args, meta, grid = _prepare(gate2, up2, out.view(-1, gate2.shape[1]), activation,
+                                        config, flat)
+    kernel[grid](*args, **meta, **pdl_launch(out))
     return out
 
 
 def _spills_rows(gate2: torch.Tensor, up2: torch.Tensor, activation: str,
-                 config: Mapping[str, int] | None) -> int | None:
+                 config: Mapping[str, int] | None, flat: bool = False) -> int | None:
     if interpreting() or gate2.device.type != "cuda":
         return None
-    args, meta, grid = _prepare(gate2, up2, torch.empty_like(gate2), activation, config)
-    report = resources(_gated_act_kernel.warmup(*args, grid=grid, GDC=False, **meta))
+    kernel, args, meta, grid = _prepare(gate2, up2, torch.empty_like(gate2), activation, config,
+                                        flat)
+    report = resources(kernel.warmup(*args, grid=grid, GDC=False, **meta))
     return None if report is None else report.n_spills
+
+
+def _flat_pair(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """gate and up contiguous (then so is the output): the flat layout can run."""
+    return gate.is_contiguous() and up.is_contiguous()
 
 
 def _check_merged(gu: torch.Tensor) -> None:
@@ -344,7 +437,8 @@ def launch_gated_act(gate: torch.Tensor, up: torch.Tensor, activation: str,
     if out.numel() == 0:
         return out
     n_cols = gate.shape[-1]
-    return _launch_rows(as_rows(gate, n_cols), as_rows(up, n_cols), out, activation, config)
+    return _launch_rows(as_rows(gate, n_cols), as_rows(up, n_cols), out, activation, config,
+                        _flat_pair(gate, up))
 
 
 def launch_gated_act_merged(gu: torch.Tensor, activation: str,
@@ -366,7 +460,8 @@ def spills_gated_act(gate: torch.Tensor, up: torch.Tensor, activation: str,
     if gate.numel() == 0:
         return None
     n_cols = gate.shape[-1]
-    return _spills_rows(as_rows(gate, n_cols), as_rows(up, n_cols), activation, config)
+    return _spills_rows(as_rows(gate, n_cols), as_rows(up, n_cols), activation, config,
+                        _flat_pair(gate, up))
 
 
 def spills_gated_act_merged(gu: torch.Tensor, activation: str,
@@ -426,8 +521,9 @@ def _make_inputs_merged(dims: Mapping[str, int], dtype: torch.dtype, device: tor
     return gu, activation_of(dims, "silu")
 
 
-def _problem(rows: int, n_cols: int, dtype: torch.dtype) -> Problem:
-    return {"n_rows": rows, "n_cols": n_cols, "dtype": str(dtype)}
+def _problem(rows: int, n_cols: int, dtype: torch.dtype, flat: bool = False) -> Problem:
+    """`flat`: gate, up (and so out) contiguous alike, so LAYOUT=FLAT configs can run."""
+    return {"n_rows": rows, "n_cols": n_cols, "dtype": str(dtype), "flat": flat}
 
 
 TEST_DIMS = (
@@ -443,7 +539,8 @@ register(KernelSpec(
     launch=launch_gated_act,
     space=SPACE,
     make_inputs=_make_inputs,
-    problem=lambda g, u, act: _problem(g.numel() // max(g.shape[-1], 1), g.shape[-1], g.dtype),
+    problem=lambda g, u, act: _problem(g.numel() // max(g.shape[-1], 1), g.shape[-1], g.dtype,
+                                       _flat_pair(g, u)),
     bytes_moved=lambda g, u, act: 3 * g.numel() * g.element_size(),
     test_dims=TEST_DIMS,
     bench_dims=lambda tokens: {"rows": tokens, "n": 14336},

@@ -15,6 +15,18 @@ HBM bytes for rows R, width N, element size e (2 for bf16), weight/bias bytes w,
                  comes with the residual add below.
   add_layer_norm fused 4·R·N·e + N·(w+b); eager 5·R·N·e + N·(w+b). 2 launches -> 1.
 
+Two config axes are A/B variants for issue 3 (norms at 2048 x 4096 reach 75% / 69% of the
+copy bandwidth, where per-row latency — load, reductions, store — is what a short kernel pays):
+  STATS     LayerNorm only. 1 = mean, then the centred variance (two dependent reductions,
+            the default); 2 = one pass of two independent sums of d = h - k, k = the row's
+            first element (a cheap estimate of the mean that keeps E[d²] - E[d]² from
+            cancelling); a row where it would cancel anyway (E[d]² > 63/64 E[d²], i.e. k
+            an outlier) takes the exact second pass, so results match STATS=1 to rounding.
+  ROW_TILE  1 = a program's ROWS_PER_PROG rows one after another (the default); 2 = as one
+            (ROWS_PER_PROG, BLOCK_N) tile: every row's loads in flight before the reductions,
+            one reduction tree for all rows.
+A config without them (stored before they existed) means STATS=1, ROW_TILE=1.
+
 Rounding rule (what HF models do): `h = x + residual` is rounded to x.dtype, stored as
 the new residual, and that rounded value is what gets normalised.
 
@@ -98,16 +110,22 @@ def _norm_kernel(
     BLOCK_N: tl.constexpr,        # power of two >= n_cols: one tile per row
     ROWS_PER_PROG: tl.constexpr,  # rows handled by one program (weight loaded once)
     GDC: tl.constexpr,            # programmatic dependent launch (_triton.pdl_launch)
+    STATS: tl.constexpr = 1,      # LayerNorm statistics: 1 two-pass, 2 one shifted pass
+    ROW_TILE: tl.constexpr = 1,   # 2: the rows as one (ROWS_PER_PROG, BLOCK_N) tile
 ):
     gdc_enter(GDC)
     cols = tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    first = tl.program_id(0).to(tl.int64) * ROWS_PER_PROG  # int64: row*stride may pass 2^31
+    if ROW_TILE == 2:
+        _norm_rows_tile(X, R, W, B, Y, H, first, cols, n_rows, n_cols, stride_x, stride_r, eps,
+                        weight_offset, IS_RMS, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ROWS_PER_PROG)
+        return
     col_mask = cols < n_cols
     # Weight and bias are loaded once per program and reused for every row.
     if HAS_WEIGHT:
         w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32) + weight_offset
     if HAS_BIAS:
         b = tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)
-    first = tl.program_id(0).to(tl.int64) * ROWS_PER_PROG  # int64: row*stride may pass 2^31
     for i in tl.static_range(ROWS_PER_PROG):
         row = first + i
         # Columns of this row, none past the last row. (A scalar-bool `&` block-bool mask
@@ -119,18 +137,72 @@ def _norm_kernel(
             h = (h.to(tl.float32) + r.to(tl.float32)).to(H.dtype.element_ty)
             tl.store(H + row * n_cols + cols, h, mask=mask)
         hf = h.to(tl.float32)  # masked lanes are 0
-        if IS_RMS:
-            xc = hf
+        if IS_RMS or STATS == 1:
+            if IS_RMS:
+                xc = hf
+            else:
+                mean = tl.sum(hf, axis=0) / n_cols
+                xc = tl.where(mask, hf - mean, 0.0)
+            var = tl.sum(xc * xc, axis=0) / n_cols
         else:
-            mean = tl.sum(hf, axis=0) / n_cols
-            xc = tl.where(mask, hf - mean, 0.0)
-        var = tl.sum(xc * xc, axis=0) / n_cols
+            # Shift k: h of the row's first column (a scalar load, same cache line as h[0]).
+            live = row < n_rows
+            k = tl.load(X + row * stride_x, mask=live, other=0.0).to(tl.float32)
+            if HAS_RESIDUAL:
+                r0 = tl.load(R + row * stride_r, mask=live, other=0.0).to(tl.float32)
+                k = (k + r0).to(H.dtype.element_ty).to(tl.float32)
+            xc, var = _shifted_stats(hf, mask, k, n_cols)
         y = xc * tl.rsqrt(var + eps)
         if HAS_WEIGHT:
             y = y * w
         if HAS_BIAS:
             y = y + b
         tl.store(Y + row * n_cols + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _shifted_stats(hf, mask, k, n_cols):
+    """(h - mean masked to 0, biased variance) of one row from two independent sums of
+    d = h - k; the exact second pass where E[d]² is within 1/64 of E[d²] (k far from the
+    mean, so E[d²] - E[d]² would cancel: error amplified > 64x)."""
+    d = tl.where(mask, hf - k, 0.0)
+    m = tl.sum(d, axis=0) / n_cols  # E[d] = mean - k
+    q = tl.sum(d * d, axis=0) / n_cols  # E[d²]
+    xc = tl.where(mask, d - m, 0.0)
+    var = tl.maximum(q - m * m, 0.0)
+    if var * 64.0 < q:
+        var = tl.sum(xc * xc, axis=0) / n_cols
+    return xc, var
+
+
+@triton.jit
+def _norm_rows_tile(X, R, W, B, Y, H, first, cols, n_rows, n_cols, stride_x, stride_r, eps,
+                    weight_offset, IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr):
+    """ROW_TILE=2: rows [first, first + ROWS) as one (ROWS, BLOCK_N) tile, two-pass stats;
+    arguments as `_norm_kernel`'s."""
+    rows = first + tl.arange(0, ROWS)[:, None]  # (ROWS, 1) int64
+    col_mask = cols < n_cols
+    mask = (rows < n_rows) & col_mask[None, :]  # (ROWS, BLOCK_N)
+    offs = cols[None, :]
+    h = tl.load(X + rows * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(R + rows * stride_r + offs, mask=mask, other=0.0)
+        h = (h.to(tl.float32) + r.to(tl.float32)).to(H.dtype.element_ty)
+        tl.store(H + rows * n_cols + offs, h, mask=mask)
+    hf = h.to(tl.float32)  # masked lanes are 0
+    if IS_RMS:
+        xc = hf
+    else:
+        mean = tl.sum(hf, axis=1)[:, None] / n_cols  # (ROWS, 1)
+        xc = tl.where(mask, hf - mean, 0.0)
+    var = tl.sum(xc * xc, axis=1)[:, None] / n_cols  # (ROWS, 1)
+    y = xc * tl.rsqrt(var + eps)
+    if HAS_WEIGHT:
+        y = y * (tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32) + weight_offset)[None, :]
+    if HAS_BIAS:
+        y = y + tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(Y + rows * n_cols + offs, y.to(Y.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------------------- config space
@@ -143,17 +215,24 @@ def _block_floor(n_cols: int) -> int:
 def _keep(cfg: Config, problem: Problem) -> bool:
     floor = _block_floor(int(problem["n_cols"]))
     per_thread = cfg["BLOCK_N"] // (32 * cfg["num_warps"])  # fp32 row values per thread
+    stats, row_tile = cfg.get("STATS", 1), cfg.get("ROW_TILE", 1)
     return (
         floor <= cfg["BLOCK_N"] <= 4 * floor  # single pass; a wider tile only wastes lanes
         and 4 <= per_thread <= 64             # >= 8-byte vector loads; x, w, b fit registers
         and cfg["ROWS_PER_PROG"] <= max(1, int(problem["n_rows"]))
+        # the variants (module docstring) at the tightest tile only: fewer configs to sweep
+        and (stats == 1 or (not problem.get("rms", False) and row_tile == 1
+                            and cfg["BLOCK_N"] == floor))
+        and (row_tile == 1 or (cfg["ROWS_PER_PROG"] > 1 and cfg["BLOCK_N"] == floor
+                               and per_thread * cfg["ROWS_PER_PROG"] <= 64))
     )
 
 
 def _default(problem: Problem) -> Config:
     block = _block_floor(int(problem["n_cols"]))
     # ~8-64 values per thread: 1 warp at 128 wide, 8 warps at 4096, 16 warps at 32768.
-    return {"BLOCK_N": block, "num_warps": min(16, max(1, block // 512)), "ROWS_PER_PROG": 1}
+    return {"BLOCK_N": block, "num_warps": min(16, max(1, block // 512)), "ROWS_PER_PROG": 1,
+            "STATS": 1, "ROW_TILE": 1}
 
 
 SPACE = ConfigSpace(
@@ -161,15 +240,19 @@ SPACE = ConfigSpace(
         "BLOCK_N": tuple(2**k for k in range(7, 16)),  # 128 .. 32768
         "num_warps": (1, 2, 4, 8, 16),
         "ROWS_PER_PROG": (1, 2, 4),
+        "STATS": (1, 2),
+        "ROW_TILE": (1, 2),
     },
     default=_default,
     keep=_keep,
+    fill={"STATS": 1, "ROW_TILE": 1},
 )
 
 
-def _problem(x: torch.Tensor) -> dict:
+def _problem(x: torch.Tensor, rms: bool = False) -> dict:
+    """`rms`: RMSNorm, which has no mean (no STATS variant)."""
     n = x.shape[-1] if x.dim() else 1
-    return {"n_rows": x.numel() // max(n, 1), "n_cols": n, "dtype": str(x.dtype)}
+    return {"n_rows": x.numel() // max(n, 1), "n_cols": n, "dtype": str(x.dtype), "rms": rms}
 
 
 # ----------------------------------------------------------------------------- launcher
@@ -219,7 +302,7 @@ def _check_inputs(x, residual, weight, bias) -> None:
 def _norm(x, residual, weight, bias, eps, weight_offset, is_rms, config, out, residual_out):
     """Check, allocate, launch. Returns (y, h or None, compiled kernel or None)."""
     _check_inputs(x, residual, weight, bias)
-    cfg = SPACE.resolve(config, _problem(x))
+    cfg = SPACE.resolve(config, _problem(x, is_rms))
     y = _out("out", out, x)
     h = _out("residual_out", residual_out, x) if residual is not None else None
     if x.numel() == 0:
@@ -236,7 +319,7 @@ def _norm(x, residual, weight, bias, eps, weight_offset, is_rms, config, out, re
         IS_RMS=is_rms, HAS_RESIDUAL=residual is not None,
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
         BLOCK_N=cfg["BLOCK_N"], ROWS_PER_PROG=cfg["ROWS_PER_PROG"], num_warps=cfg["num_warps"],
-        **pdl_launch(y),
+        STATS=cfg["STATS"], ROW_TILE=cfg["ROW_TILE"], **pdl_launch(y),
     )
     return y, h, compiled
 
@@ -395,9 +478,10 @@ def _bench_dims(tokens: int) -> dict[str, int]:
 
 
 def _spec(name, reference, launch, spills, make_inputs, bytes_moved, unfused) -> KernelSpec:
+    rms = "rms" in name
     return register(KernelSpec(
         name=name, reference=reference, launch=launch, space=SPACE, make_inputs=make_inputs,
-        problem=lambda x, *rest: _problem(x), bytes_moved=bytes_moved, test_dims=TEST_DIMS,
+        problem=lambda x, *rest: _problem(x, rms), bytes_moved=bytes_moved, test_dims=TEST_DIMS,
         bench_dims=_bench_dims, unfused_launches=unfused, spills=spills,
         usable=lambda x, *rest: _use_triton(x),
     ))

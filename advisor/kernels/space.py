@@ -45,12 +45,15 @@ def _keep_all(cfg: Config, problem: Problem) -> bool:
 class ConfigSpace:
     """Axes (name -> candidate values) and a filter that drops configs unfit for a problem.
 
-    `default(problem)` is the heuristic config used when nothing was tuned.
+    `default(problem)` is the heuristic config used when nothing was tuned. `fill` names
+    axes added after configs were first stored (recipes, tune results): a config that omits
+    one of them takes this value, which is the behaviour from before the axis existed.
     """
 
     axes: Mapping[str, tuple[int, ...]]
     default: Callable[[Problem], Config]
     keep: Callable[[Config, Problem], bool] = field(default=_keep_all)
+    fill: Mapping[str, int] = field(default_factory=dict)
 
     def configs(self, problem: Problem) -> list[Config]:
         """Every config on the grid that `keep` accepts for this problem, in grid order."""
@@ -76,7 +79,9 @@ class ConfigSpace:
         return clean if self.keep(clean, problem) else self.default(problem)
 
     def well_formed(self, cfg: Mapping[str, int]) -> Config:
-        """`cfg` as ints when it names every axis and only values on them; else ValueError."""
+        """`cfg` as ints when it names every axis (those in `fill` may be omitted) and only
+        values on them; else ValueError."""
+        cfg = {**cfg, **{k: v for k, v in self.fill.items() if k not in cfg}}
         if set(cfg) != set(self.axes):
             raise ValueError(f"config keys {sorted(cfg)} != space axes {sorted(self.axes)}")
         for name, value in cfg.items():
