@@ -1,20 +1,31 @@
-"""Where does prefill attention+RoPE lose to SDPA? One question, four timings per length.
+"""Prefill attention vs SDPA on the H200: which tile config of our kernel is fastest, and is
+every one of them right?
 
-At Llama-3-8B shapes (32 q / 8 kv heads, head dim 128, causal, bf16), for each length:
-  sdpa          F.scaled_dot_product_attention (best backend, enable_gqa) on rotated q, k
-  ours_norope   our kernel on rotated q, k (no RoPE inside)
-  ours_rope     our kernel with RoPE on load (q and every k tile)
-  rope_then_ours  rope_qk (one launch) then ours_norope: K rotated once
-Device time from CUDA-graph replays (triton.testing.do_bench_cudagraph, median).
-Prints one line per length and writes attention_probe.json under $OUT (or the cwd).
+At Llama-3-8B shapes (32 q / 8 kv heads, head dim 128, bf16, batch 1):
+  check   every config against `attention.reference` (fp32) at 512 / 2048 / 8192 tokens
+          causal and at one non-causal Tq != Tk shape with partial blocks (1000 x 1500);
+          bf16 tolerance of advisor.kernels.testing; a config that fails to compile or to
+          match is reported and the run goes on.
+  time    SDPA (best backend, enable_gqa) on rotated q, k; ours on the same rotated q, k with
+          the default config and with each listed config (exactly that config: `keep` is
+          reported, not applied); ours_rope: the whole launch with RoPE (rope_qk once, then
+          the default config). TFLOP/s = attention.flops (causal pairs · 4 · Hq · D) / time.
+Device time from CUDA-graph replays (triton.testing.do_bench_cudagraph, median), as the
+probe's earlier runs. One summary line per config; JSON attention_probe.json under $OUT.
 
-    python benchmarks/attention_probe.py [--tokens 512,2048,8192]
+    python benchmarks/attention_probe.py [--tokens 512,2048,8192] [--configs 128x128w8s2,...]
+        [--no-check] [--rep 100]
+
+A config is BLOCK_MxBLOCK_NwWARPSsSTAGES (e.g. 128x64w8s3, the old default); `--configs
+none` times only SDPA and the default.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -24,43 +35,165 @@ from triton.testing import do_bench_cudagraph
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.kernels import attention, rope  # noqa: E402
+from advisor.kernels._triton import resources  # noqa: E402
+from advisor.kernels.space import encode  # noqa: E402
+from advisor.kernels.testing import max_abs_error, max_violation, rel_error, tolerance  # noqa: E402
 from benchmarks.common import header, write  # noqa: E402
 
+# BLOCK_M x BLOCK_N, warps, stages. 128x128w8s3 is the Triton tutorial's Hopper tile (224 KB
+# of shared memory by our estimate); 128x64w8s3 was the default before BLOCK_N 128.
+CONFIGS = ("128x128w8s2", "128x128w8s3", "128x64w8s3", "128x64w8s2", "64x128w4s3",
+           "64x128w4s2", "64x64w4s3")
+CHECK_NONCAUSAL = (1000, 1500)  # (Tq, Tk)
+DEVICE = torch.device("cuda")
+HEADS = {"batch": 1, "hq": 32, "hkv": 8, "d": 128}  # Llama-3-8B
 
-def probe(tokens: int) -> dict:
-    dims = {"batch": 1, "hq": 32, "hkv": 8, "d": 128, "tq": tokens, "tk": tokens, "causal": 1, "rope": 1}
-    q, k, v, cos, sin, _, _, scale, _ = attention.make_inputs(
-        dims, torch.bfloat16, torch.device("cuda"), torch.Generator().manual_seed(tokens))
-    qr, kr = rope.launch_rope_qk(q, k, cos, sin)
-    calls = {
-        "sdpa": lambda: F.scaled_dot_product_attention(qr, kr, v, is_causal=True, scale=scale,
-                                                       enable_gqa=True),
-        "ours_norope": lambda: attention.launch_attention(qr, kr, v, None, None, None, True, scale),
-        "ours_rope": lambda: attention.launch_attention(q, k, v, cos, sin, None, True, scale),
-        "rope_then_ours": lambda: attention.launch_attention(
-            *rope.launch_rope_qk(q, k, cos, sin), v, None, None, None, True, scale),
-    }
-    want = attention.reference(q, k, v, cos, sin, causal=True, scale=scale)
-    row = {"tokens": tokens, "flops": attention.flops(q, k, causal=True)}
-    for name, fn in calls.items():
-        err = (fn().float() - want.float()).abs().max().item()
-        ms = float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
-        row[name] = {"us": ms * 1e3, "tflops": row["flops"] / (ms * 1e-3) / 1e12, "max_error": err}
+
+def parse(name: str) -> dict[str, int]:
+    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", name)
+    if not m:
+        raise SystemExit(f"bad config {name!r}: want BLOCK_MxBLOCK_NwWARPSsSTAGES, e.g. 128x64w8s3")
+    bm, bn, w, s = (int(g) for g in m.groups())
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s, "SPLITS": 1}
+
+
+def inputs(tq: int, tk: int, causal: bool):
+    """Rotated bf16 q (1, 32, Tq, 128), k (1, 8, Tk, 128) (rope_qk, as the kernel gets them
+    from 512 queries), v as HF's transposed view; and the unrotated q, k and tables."""
+    dims = {**HEADS, "tq": tq, "tk": tk, "causal": int(causal), "rope": 1}
+    q, k, v, cos, sin, _, _, scale, _, _ = attention.make_inputs(
+        dims, torch.bfloat16, DEVICE, torch.Generator().manual_seed(tq * 7 + tk))
+    if tq == tk:
+        qr, kr = rope.launch_rope_qk(q, k, cos, sin)
+    else:
+        qr = rope.reference(q, q[:, :1], cos[..., tk - tq:, :], sin[..., tk - tq:, :], False)[0]
+        kr = rope.reference(k, k[:, :1], cos, sin, False)[0]
+    return qr, kr, v, scale, (q, k, cos, sin)
+
+
+def runner(q, k, v, scale, causal, cfg):
+    """A no-argument call of our kernel with exactly `cfg` (the launcher's checks, then
+    `_run` without `keep`)."""
+    _, tables, m4, pos = attention._prepare(q, k, v, None, None, None, causal, scale, False, None)
+    def fn():
+        return attention._run(q, k, v, tables, m4, causal, scale, False, cfg)[0]
+    return fn
+
+
+def check(fn, want: torch.Tensor) -> dict:
+    torch.full(want.shape, float("nan"), dtype=torch.bfloat16, device=DEVICE)  # freed: poison
+    out = fn()
+    torch.cuda.synchronize()
+    excess = max_violation(out, want, tolerance(torch.bfloat16))
+    return {"ok": excess <= 0, "max_excess": excess, "max_abs_error": max_abs_error(out, want),
+            "rel_error": rel_error(out.float(), want)}
+
+
+def time_it(fn, flops: int, rep: int) -> dict:
+    ms = float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+    return {"us": ms * 1e3, "tflops": flops / (ms * 1e-3) / 1e12}
+
+
+def guarded(what, fn, *args):
+    """fn(*args) or {"error": ...}: one config that does not compile must not end the run."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 (out_of_resources, compile errors, mismatches)
+        print(f"  {what}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        return {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+
+
+def compiled(q, k, v, scale, causal, cfg):
+    """Launch once (compiling); the kernel's registers, spills and shared bytes."""
+    return resources(attention._run(q, k, v, None, None, causal, scale, False, cfg)[1])
+
+
+def config_entry(name, cfg, q, k, v, scale, causal, want, flops, rep, do_time) -> dict:
+    prob = attention.problem(q, k, v, causal=causal)
+    entry = {"config": encode(cfg), "kept": attention.SPACE.keep(cfg, prob),
+             "smem_estimate": attention._smem(cfg, prob)}
+    res = guarded(f"{name} compile", compiled, q, k, v, scale, causal, cfg)
+    if isinstance(res, dict):
+        return entry | res
+    if res is not None:
+        entry.update(regs=res.n_regs, spills=res.n_spills, shared=res.shared_bytes)
+    fn = runner(q, k, v, scale, causal, cfg)
+    if want is not None:
+        entry["check"] = guarded(f"{name} check", check, fn, want)
+    if do_time:
+        entry.update(guarded(f"{name} time", time_it, fn, flops, rep))
+    return entry
+
+
+def shape_row(tq, tk, causal, configs, rep, do_check, do_time) -> dict:
+    q, k, v, scale, raw = inputs(tq, tk, causal)
+    default = attention.SPACE.default(attention.problem(q, k, v, causal=causal))
+    flops = attention.flops(q, k, causal=causal)
+    row = {"tq": tq, "tk": tk, "causal": causal, "flops": flops,
+           "default_config": encode(default), "configs": {}}
+    want = attention.reference(q.float(), k.float(), v.float(), causal=causal, scale=scale) \
+        if do_check else None
+    for name, cfg in [("default", default)] + [(n, parse(n)) for n in configs]:
+        row["configs"][name] = config_entry(name, cfg, q, k, v, scale, causal, want, flops, rep,
+                                            do_time)
+    if do_time:
+        q0, k0, cos, sin = raw
+        row["sdpa"] = time_it(lambda: F.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, scale=scale, enable_gqa=True), flops, rep)
+        row["ours_rope"] = guarded("ours_rope", time_it, lambda: attention.launch_attention(
+            q0, k0, v, cos, sin, None, causal, scale), flops, rep)
+    del want
+    torch.cuda.empty_cache()
     return row
 
 
+def summary(rows: list[dict], names: list[str]) -> None:
+    """One line per config: check verdict over every checked shape, µs and TFLOP/s per
+    timed length, and the time over SDPA's."""
+    timed = [r for r in rows if "sdpa" in r]
+    print("tokens:", " ".join(f"{r['tq']:>22d}" for r in timed))
+    print(f"{'sdpa':>12s} {'':5s}", " ".join(
+        f"{r['sdpa']['us']:9.1f}us {r['sdpa']['tflops']:4.0f}TF/s    " for r in timed))
+    for name in names:
+        entries = [r["configs"].get(name, {}) for r in rows]
+        checks = [e.get("check", {}) for e in entries if "check" in e]
+        verdict = ("ERR" if any("error" in e for e in entries) else
+                   "ok" if checks and all(c.get("ok") for c in checks) else
+                   "FAIL" if checks else "-")
+        cells = []
+        for r in timed:
+            e = r["configs"].get(name, {})
+            cells.append(f"{e['us']:9.1f}us {e['tflops']:4.0f}TF/s x{e['us'] / r['sdpa']['us']:4.2f}"
+                         if "us" in e else f"{'n/a':>25s}")
+        print(f"{name:>12s} {verdict:5s}", " ".join(cells), flush=True)
+    for r in timed:
+        if isinstance(r.get("ours_rope"), dict) and "us" in r["ours_rope"]:
+            print(f"ours_rope {r['tq']}: {r['ours_rope']['us']:.1f}us (default {r['default_config']})")
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", default="512,2048,8192")
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="comma list of BLOCK_MxBLOCK_NwWARPSsSTAGES, or 'none'")
+    ap.add_argument("--no-check", action="store_true", help="time only")
+    ap.add_argument("--rep", type=int, default=100, help="ms of replays per timing")
     args = ap.parse_args()
-    rows = []
+    names = [] if args.configs == "none" else [c for c in args.configs.split(",") if c]
+    for n in names:
+        parse(n)  # fail on a typo before anything compiles
+    t0, rows = time.time(), []
     for t in (int(x) for x in args.tokens.split(",")):
-        row = probe(t)
-        rows.append(row)
-        print(f"{t:5d} tok " + "  ".join(f"{n} {row[n]['us']:8.1f}us {row[n]['tflops']:4.0f}TF/s"
-                                         for n in ("sdpa", "ours_norope", "ours_rope", "rope_then_ours")),
-              flush=True)
-    payload = header(torch.device("cuda"), dtype="bfloat16", timing="do_bench_cudagraph median")
+        rows.append(shape_row(t, t, True, names, args.rep, not args.no_check, True))
+        print(f"{t} tokens causal done ({time.time() - t0:.0f} s)", flush=True)
+    if not args.no_check:
+        tq, tk = CHECK_NONCAUSAL
+        rows.append(shape_row(tq, tk, False, names, args.rep, True, False))
+        print(f"{tq}x{tk} non-causal check done ({time.time() - t0:.0f} s)", flush=True)
+    summary(rows, ["default"] + names)
+    payload = header(DEVICE, dtype="bfloat16", heads="32 q / 8 kv, d 128, batch 1",
+                     timing="do_bench_cudagraph median", rep_ms=args.rep,
+                     check="reference fp32, bf16 tolerance", wall_s=round(time.time() - t0, 1))
     payload["rows"] = rows
     print("wrote", write("attention_probe.json", payload))
 

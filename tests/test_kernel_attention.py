@@ -52,6 +52,23 @@ def test_prefill_gqa_strided(dtype, causal):
         _check(q, k, v, causal=causal, config=cfg, scale=0.3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_prefill_unmasked_fast_paths(dtype, causal):
+    """The unmasked loop's variants: D == BLOCK_D (no load masks at all) or not (D=24),
+    FINITE (no mask, scale >= 0: max before scaling, no -inf guard) or not (a negative
+    scale, an additive mask); odd Tq = Tk = 37 and 70 (partial M and N blocks, causal
+    blocks launched heaviest first), Tq != Tk; GQA 4:2, batch 2."""
+    gen = _gen(21)
+    for (tq, tk), d, cfg in (((37, 37), 32, _cfg(16, 16)), ((70, 70), 24, _cfg(32, 32)),
+                             ((37, 53), 32, _cfg(16, 32))):
+        q, k, v = _qkv(2, 4, 2, tq, tk, d, dtype, gen)
+        mask = randn_nonzero((2, 1, tq, tk), dtype, CPU, gen)
+        _check(q, k, v, causal=causal, config=cfg, scale=0.3)
+        _check(q, k, v, causal=causal, config=cfg, scale=-0.3)
+        _check(q, k, v, mask=mask, causal=causal, config=cfg)
+
+
 @pytest.mark.parametrize("tq, tk", [(20, 37), (24, 17)])
 def test_causal_bottom_right(tq, tk):
     # Query i sees keys <= i + Tk - Tq. With Tq > Tk the first Tq - Tk rows see nothing: 0.
@@ -334,7 +351,8 @@ def test_space():
                 cfgs = spec.space.configs(p)
                 assert 1 <= len(cfgs) <= 64 and spec.space.default(p) in cfgs, (name, tokens, d)
                 assert all(c["SPLITS"] == 1 for c in cfgs) or dims["tq"] <= attn.DECODE_MAX_TQ
-                assert all(attn._smem(c, p) <= attn.SMEM_LIMIT for c in cfgs)
+                assert all(attn._smem(c, p) <= attn.SMEM_MAX for c in cfgs)
+                assert attn._smem(spec.space.default(p), p) <= attn.SMEM_LIMIT
     def meta_problem(tq, tk):
         return attn.problem(torch.empty(1, 32, tq, 128, device="meta"),
                             torch.empty(1, 8, tk, 128, device="meta"), None)

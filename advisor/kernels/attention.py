@@ -65,6 +65,8 @@ DECODE_MAX_TQ = 16  # Tq at or below this takes the decode path (packed heads, s
 # 2984 -> 1882 at 8192 (Llama-3-8B heads, causal, bf16). Below 512 not measured: on load.
 ROTATE_ONCE_MIN_TQ = 512
 MAX_D = 256
+LOG2E = tl.constexpr(1.4426950408889634)  # scores scaled into the log2 domain: e^x = 2^(x·log2 e)
+LN2 = tl.constexpr(0.6931471805599453)
 
 # --------------------------------------------------------------------------- reference
 
@@ -154,18 +156,23 @@ def unfused(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos=None) -> 
 
 @triton.jit
 def _load_rows(base, row_off, row_ok, s_d, cos, sin, tab_off, D, R: tl.constexpr,
-               INTERLEAVED: tl.constexpr, INTERP_BF16: tl.constexpr, BLOCK_D: tl.constexpr):
+               INTERLEAVED: tl.constexpr, INTERP_BF16: tl.constexpr, ROW_MASK: tl.constexpr,
+               EVEN_D: tl.constexpr, BLOCK_D: tl.constexpr):
     """A (ROWS, BLOCK_D) tile of q or k in the input dtype, rotated in fp32 and rounded once
-    when R (rotary dim; 0: no RoPE) > 0. base: pointer at (b, head); row_off (ROWS,) int64
-    row offsets; cos/sin: tables at batch b; tab_off (ROWS,) int64 offsets of the rows'
-    positions in them. R is constexpr so the rotate-half partner loads stay vectorised."""
+    when R (rotary dim; 0: no RoPE) > 0. base: pointer at the tile's first row; row_off
+    (ROWS,) int64 row offsets from it; cos/sin: tables at that row's position; tab_off
+    (ROWS,) int64 offsets of the rows' positions in them. ROW_MASK: rows past row_ok read
+    0; EVEN_D (D == BLOCK_D): no head-dim mask, so whole tiles load without any mask. R is
+    constexpr so the rotate-half partner loads stay vectorised."""
     d = tl.arange(0, BLOCK_D)
-    mask = row_ok[:, None] & (d < D)[None, :]
-    x = tl.load(base + row_off[:, None] + d[None, :] * s_d, mask=mask, other=0.0)
+    ptrs = base + row_off[:, None] + d[None, :] * s_d
+    x = _load_tile(ptrs, row_ok, d < D, ROW_MASK, EVEN_D)
     if R > 0:
         rot = d < R
         partner, sign = rope_partner(d, R, INTERLEAVED)
-        tmask = row_ok[:, None] & rot[None, :]
+        tmask = rot[None, :]
+        if ROW_MASK:
+            tmask = row_ok[:, None] & tmask
         # Pass-through dims (d >= R) load cos=1, sin=0, partner=0: y = x exactly.
         c = tl.load(cos + tab_off[:, None] + d[None, :], mask=tmask, other=1.0)
         s = tl.load(sin + tab_off[:, None] + d[None, :], mask=tmask, other=0.0)
@@ -177,55 +184,92 @@ def _load_rows(base, row_off, row_ok, s_d, cos, sin, tab_off, D, R: tl.constexpr
 
 
 @triton.jit
-def _dot(a, b, INTERP_BF16: tl.constexpr):
-    """a @ b with fp32 accumulation. fp32 inputs use 3xTF32 (≈ fp32 accuracy on tensor
-    cores; plain tf32 misses fp32 tolerances, "ieee" falls back to FMAs and spills ~7 KB).
-    INTERP_BF16: upcast first (the interpreter's tl.dot multiplies bf16 bit patterns)."""
+def _load_tile(ptrs, row_ok, d_ok, ROW_MASK: tl.constexpr, EVEN_D: tl.constexpr):
+    """tl.load of a (ROWS, BLOCK_D) tile with only the masks it needs (0 where masked)."""
+    if ROW_MASK:
+        if EVEN_D:
+            x = tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+        else:
+            x = tl.load(ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    elif EVEN_D:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+    return x
+
+
+@triton.jit
+def _dot(a, b, acc, INTERP_BF16: tl.constexpr):
+    """acc + a @ b with fp32 accumulation (acc None: a @ b). fp32 inputs use 3xTF32 (≈ fp32
+    accuracy on tensor cores; plain tf32 misses fp32 tolerances, "ieee" falls back to FMAs
+    and spills ~7 KB). INTERP_BF16: upcast first (the interpreter's tl.dot multiplies bf16
+    bit patterns)."""
     if INTERP_BF16:
         a, b = a.to(tl.float32), b.to(tl.float32)
     if a.dtype == tl.float32:
-        out = tl.dot(a, b, input_precision="tf32x3")
+        out = tl.dot(a, b, acc, input_precision="tf32x3")
     else:
-        out = tl.dot(a, b)
+        out = tl.dot(a, b, acc)
     return out
 
 
 @triton.jit
 def _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, mask_base, mask_rows, i, row_ok,
-            pos_i, lo, hi, off, sm_scale, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j, D, R: tl.constexpr,
+            pos_i, lo, hi, off, qk_scale, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j, D, R: tl.constexpr,
             CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_POS: tl.constexpr,
-            INTERLEAVED: tl.constexpr, MASKED: tl.constexpr, INTERP_BF16: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Online-softmax update over keys [lo, hi) in BLOCK_N steps. MASKED: apply the key
+            INTERLEAVED: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr,
+            EVEN_D: tl.constexpr, INTERP_BF16: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_D: tl.constexpr):
+    """Online-softmax update over keys [lo, hi) in BLOCK_N steps, m in the log2 domain
+    (scores · qk_scale, qk_scale = scale · log2 e; p = 2^(s − m)). MASKED: apply the key
     bound (hi), the causal diagonal and each row's position bound (pos_i, (BLOCK_M,));
-    unmasked calls cover blocks every row sees whole."""
+    unmasked calls cover whole blocks every row sees, so their k/v loads need no mask
+    (none at all when EVEN_D). FAST (an unmasked call without an additive mask, qk_scale
+    >= 0): every score is finite, so no -inf guard, and the row max is taken before
+    scaling (max(s)·c = max(s·c) for c >= 0), leaving one FMA per score."""
     d = tl.arange(0, BLOCK_D)
+    nl = tl.arange(0, BLOCK_N).to(tl.int64)  # key offsets within a block
+    k_rows = nl * sk_t  # loop-invariant tile offsets; each block moves only the base
+    t_rows = nl * sc_t
+    v_off = nl[:, None] * sv_t + d[None, :] * sv_d  # (BLOCK_N, BLOCK_D)
+    m_off = mask_rows[:, None] + nl[None, :] * sm_j  # (BLOCK_M, BLOCK_N), read iff HAS_MASK
     for start in range(lo, hi, BLOCK_N):
+        s0 = tl.cast(start, tl.int64)
         n = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
         n_ok = n < hi
-        n64 = n.to(tl.int64)
-        k = _load_rows(k_base, n64 * sk_t, n_ok, sk_d, cos, sin, n64 * sc_t, D, R,
-                       INTERLEAVED, INTERP_BF16, BLOCK_D)  # (BLOCK_N, BLOCK_D)
-        v = tl.load(v_base + n64[:, None] * sv_t + d[None, :] * sv_d,
-                    mask=n_ok[:, None] & (d < D)[None, :], other=0.0)
-        s = _dot(q, tl.trans(k), INTERP_BF16) * sm_scale  # (BLOCK_M, BLOCK_N) fp32
-        if HAS_MASK:
-            s += tl.load(mask_base + mask_rows[:, None] + n64[None, :] * sm_j,
-                         mask=row_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-        if MASKED:
-            valid = n_ok[None, :]
-            if CAUSAL:
-                valid = valid & (n[None, :] <= i[:, None] + off)
-            if HAS_POS:
-                valid = valid & (n[None, :] <= pos_i[:, None])
-            s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: p = 0
-        alpha = tl.exp(m_i - m_use)
-        p = tl.exp(s - m_use[:, None])
+        k = _load_rows(k_base + s0 * sk_t, k_rows, n_ok, sk_d, cos + s0 * sc_t,
+                       sin + s0 * sc_t, t_rows, D, R, INTERLEAVED, INTERP_BF16, MASKED, EVEN_D,
+                       BLOCK_D)  # (BLOCK_N, BLOCK_D)
+        v = _load_tile(v_base + s0 * sv_t + v_off, n_ok, d < D, MASKED, EVEN_D)
+        s = _dot(q, tl.trans(k), None, INTERP_BF16)  # (BLOCK_M, BLOCK_N) fp32, unscaled
+        if FAST:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            p = tl.math.exp2(s * qk_scale - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
+        else:
+            s = s * qk_scale
+            if HAS_MASK:
+                ok = row_ok[:, None]
+                if MASKED:
+                    ok = ok & n_ok[None, :]
+                mk = tl.load(mask_base + s0 * sm_j + m_off, mask=ok, other=0.0).to(tl.float32)
+                # HF's finite minimum (-3.4e38) would overflow to -inf once scaled by log2 e
+                # (a row masked that way averages v instead of returning 0): floor it first.
+                s += tl.where(mk == float("-inf"), mk, tl.maximum(mk, -2.0e38)) * LOG2E
+            if MASKED:
+                valid = n_ok[None, :]
+                if CAUSAL:
+                    valid = valid & (n[None, :] <= i[:, None] + off)
+                if HAS_POS:
+                    valid = valid & (n[None, :] <= pos_i[:, None])
+                s = tl.where(valid, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: p = 0
+            alpha = tl.math.exp2(m_i - m_use)
+            p = tl.math.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         # P·V runs in the input dtype (tensor cores), as in FlashAttention.
-        acc = acc * alpha[:, None] + _dot(cast_rn(p, v.dtype, INTERP_BF16), v, INTERP_BF16)
+        acc = _dot(cast_rn(p, v.dtype, INTERP_BF16), v, acc * alpha[:, None], INTERP_BF16)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -261,22 +305,33 @@ def _attn_kernel(
     M_PART, L_PART,  # SPLIT: fp32 (SPLITS, B, Hq, Tq) running max / sum per row
     TQ, TK, HQ, D, N_ROWS,  # N_ROWS = B·Hq·Tq, rows of out
     GROUP, PACK,  # Hq/Hkv; q heads per program (1 prefill, GROUP decode)
-    CHUNK, sm_scale,  # keys per split (multiple of BLOCK_N); softmax scale
+    CHUNK, qk_scale,  # keys per split (multiple of BLOCK_N); softmax scale · log2 e
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sc_b, sc_t, sm_b, sm_h, sm_i, sm_j,  # table strides (R contiguous); mask strides
     sp_b, sp_t,  # position strides
     R: tl.constexpr,  # rotary dim (<= D, even); 0: no RoPE
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_POS: tl.constexpr,
     INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr, INTERP_BF16: tl.constexpr,
+    FINITE: tl.constexpr,  # no additive mask and qk_scale >= 0: unmasked blocks' scores finite
+    EVEN_D: tl.constexpr,  # D == BLOCK_D: no head-dim masks
+    PREFILL: tl.constexpr,  # grid (B·Hq, cdiv(Tq, BLOCK_M)): heads first, see below
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_TQ: tl.constexpr,  # next_power_of_2(Tq) when SPLIT and HAS_POS, else 1
     GDC: tl.constexpr,  # programmatic dependent launch (_triton.pdl_launch)
 ):
     gdc_enter(GDC)
     # grid = (cdiv(PACK·Tq, BLOCK_M), B·Hq/PACK, SPLITS); row r of the program's tile is
-    # query i = r % Tq of q head h0 + r // Tq.
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    # query i = r % Tq of q head h0 + r // Tq. PREFILL: grid (B·Hq, cdiv(Tq, BLOCK_M), 1),
+    # programs start in launch order (x fastest), so every head's last query block (the
+    # most keys when causal) comes first and the final wave is the short blocks.
+    if PREFILL:
+        pid_bh = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        if CAUSAL:
+            pid_m = tl.num_programs(1) - 1 - pid_m
+    else:
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
     split = tl.program_id(2)
     b = (pid_bh // (HQ // PACK)).to(tl.int64)
     h0 = (pid_bh % (HQ // PACK)) * PACK
@@ -290,7 +345,7 @@ def _attn_kernel(
     cos = COS + b * sc_b
     sin = SIN + b * sc_b
     q = _load_rows(Q + b * sq_b, head * sq_h + i64 * sq_t, row_ok, sq_d, cos, sin,
-                   (i64 + off) * sc_t, D, R, INTERLEAVED, INTERP_BF16, BLOCK_D)
+                   (i64 + off) * sc_t, D, R, INTERLEAVED, INTERP_BF16, True, EVEN_D, BLOCK_D)
     chunk = CHUNK
     pos_i = i  # (BLOCK_M,) key bound per row (read iff HAS_POS)
     pos_min = 0
@@ -316,20 +371,20 @@ def _attn_kernel(
     v_base = V + b * sv_b + kvh * sv_h
     mask_rows = b * sm_b + head * sm_h + i64 * sm_i
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, MASK, mask_rows, i,
-                            row_ok, pos_i, lo, full, off, sm_scale, sk_t, sk_d, sv_t, sv_d, sc_t,
-                            sm_j, D, R, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED, False, INTERP_BF16,
-                            BLOCK_N, BLOCK_D)
+                            row_ok, pos_i, lo, full, off, qk_scale, sk_t, sk_d, sv_t, sv_d, sc_t,
+                            sm_j, D, R, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED, False, FINITE,
+                            EVEN_D, INTERP_BF16, BLOCK_N, BLOCK_D)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, MASK, mask_rows, i,
-                            row_ok, pos_i, full, hi, off, sm_scale, sk_t, sk_d, sv_t, sv_d, sc_t,
-                            sm_j, D, R, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED, True, INTERP_BF16,
-                            BLOCK_N, BLOCK_D)
+                            row_ok, pos_i, full, hi, off, qk_scale, sk_t, sk_d, sv_t, sv_d, sc_t,
+                            sm_j, D, R, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED, True, False,
+                            EVEN_D, INTERP_BF16, BLOCK_N, BLOCK_D)
 
     d = tl.arange(0, BLOCK_D)
     orow = (b * HQ + head) * TQ + i64  # (BLOCK_M,) row of out
     omask = row_ok[:, None] & (d < D)[None, :]
     if SPLIT:
         prow = split.to(tl.int64) * N_ROWS + orow
-        tl.store(M_PART + prow, m_i, mask=row_ok)
+        tl.store(M_PART + prow, m_i * LN2, mask=row_ok)  # natural-log max for the combine
         tl.store(L_PART + prow, l_i, mask=row_ok)
         tl.store(OUT + prow[:, None] * D + d[None, :], acc, mask=omask)
     else:
@@ -362,7 +417,11 @@ def _combine_kernel(ACC, M_PART, L_PART, OUT, N_ROWS, D, SPLITS, INTERP_BF16: tl
 # --------------------------------------------------------------------------- config space
 
 _ELT = {"torch.float32": 4, "torch.float16": 2, "torch.bfloat16": 2}
-SMEM_LIMIT = 200 * 1024  # bytes; H200 has 227 KB per SM, the rest is left to the compiler
+SMEM_LIMIT = 200 * 1024  # bytes the default may plan; of the 227 KB the rest is left to the compiler
+# What `keep` admits: the opt-in shared memory per block of compute capability 9.0 (CUDA C++
+# Programming Guide, "Technical Specifications per Compute Capability": 227 KB), so the search
+# may try tiles the default does not risk (a compile that runs out of it is a failed trial).
+SMEM_MAX = 227 * 1024
 MAX_ACC_PER_THREAD = 64  # fp32 accumulator values (BLOCK_M·BLOCK_D) per thread
 # Decode: the default splits the keys until this many programs (~2 per SM of an H100/H200)
 # or one key block per split. H200 probe (benchmarks/attention_decode_probe.py, Llama-3-8B
@@ -381,8 +440,12 @@ def _rows(p: Problem) -> int:
 
 
 def _smem(cfg: Config, p: Problem) -> int:
+    """Shared bytes: q, num_stages k and v tiles, one mask tile (additive mask). Equal to
+    the compiler's figure for sm_90 at D=128 bf16 (triton 3.9, 128x128 tiles, 2-3 stages)."""
     bd = _block_d(p["d"])
-    return (cfg["BLOCK_N"] * bd * 2 * cfg["num_stages"] + cfg["BLOCK_M"] * bd) * _ELT.get(p["dtype"], 4)
+    mask = cfg["BLOCK_M"] * cfg["BLOCK_N"] if p.get("mask") else 0
+    return (cfg["BLOCK_N"] * bd * 2 * cfg["num_stages"] + cfg["BLOCK_M"] * bd + mask) * _ELT.get(
+        p["dtype"], 4)
 
 
 def _keep(cfg: Config, p: Problem) -> bool:
@@ -395,7 +458,7 @@ def _keep(cfg: Config, p: Problem) -> bool:
         min(64, rows // 4) <= bm <= max(16, rows)  # small M tiles re-read k/v; big ones idle
         and min(64, tk // 4) <= bn <= max(16, tk)
         and bn * 4 >= bm
-        and _smem(cfg, p) <= SMEM_LIMIT
+        and _smem(cfg, p) <= SMEM_MAX
         and bm * _block_d(p["d"]) <= MAX_ACC_PER_THREAD * 32 * w
         and (w == 4 or bm * bn >= 2048)  # 8 warps on a smaller score tile leave lanes idle
         and (splits == 1 or (p["tq"] <= DECODE_MAX_TQ and splits <= triton.cdiv(p["tk"], bn)))
@@ -406,7 +469,10 @@ def _default(p: Problem) -> Config:
     bd = _block_d(p["d"])
     bm = min(128, max(16, triton.next_power_of_2(max(_rows(p), 1))),
              MAX_ACC_PER_THREAD * 32 * 8 // bd)
-    bn = min(64, max(16, triton.next_power_of_2(max(p["tk"], 1))))
+    # Prefill with 2-byte inputs and D <= 128: 128 keys per block (H200: see NOTES.md,
+    # "Attention probe"); fp32 (3xTF32 dots) and wider heads keep 64 (smem, registers).
+    wide = p["tq"] > DECODE_MAX_TQ and _ELT.get(p["dtype"], 4) == 2 and bd <= 128
+    bn = min(128 if wide else 64, max(16, triton.next_power_of_2(max(p["tk"], 1))))
     # 8 warps once the accumulator needs them or at BLOCK_M=128 (4 spill there at D=64).
     w = 8 if (bm * bd > MAX_ACC_PER_THREAD * 32 * 4 or bm >= 128) and bm * bn >= 2048 else 4
     bm = min(bm, MAX_ACC_PER_THREAD * 32 * w // bd)
@@ -522,7 +588,11 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
     pos_strides = (0 if pos.shape[0] == 1 else pos.stride(0), pos.stride(1)) if pos is not None else (0, 0)
     pack = hq // hkv if tq <= DECODE_MAX_TQ else 1
     splits, bn = cfg["SPLITS"], cfg["BLOCK_N"]
+    prefill = tq > DECODE_MAX_TQ and splits == 1
     grid = (triton.cdiv(pack * tq, cfg["BLOCK_M"]), b * hq // pack, splits)
+    if prefill:
+        grid = (grid[1], grid[0], 1)  # heads first (see _attn_kernel)
+    scale = float(d ** -0.5 if scale is None else scale)
     acc, ml = out, out.new_empty((2, 1), dtype=torch.float32)  # unsplit: out, dummies
     if splits > 1:  # fp32 scratch: partial acc and (m, l) of every split and out row
         acc = torch.empty((splits, b, hq, tq, d), dtype=torch.float32, device=q.device)
@@ -530,12 +600,13 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
     args = (q, k, v, c, s, m4 if m4 is not None else q, pos if pos is not None else q, acc, ml[0], ml[1],
             tq, tk, hq, d, b * hq * tq, hq // hkv, pack,
             triton.cdiv(triton.cdiv(tk, splits), bn) * bn,  # keys per split, whole blocks
-            float(d ** -0.5 if scale is None else scale),
+            scale * math.log2(math.e),  # qk_scale: exp(x) = exp2(x · log2 e)
             *q.stride(), *k.stride(), *v.stride(),
             0 if c.shape[0] == 1 else c.stride(0), c.stride(1), *mask_strides, *pos_strides)
     meta = {"R": rot, "CAUSAL": bool(causal), "HAS_MASK": m4 is not None, "HAS_POS": pos is not None,
             "INTERLEAVED": bool(interleaved) and rot > 0, "SPLIT": splits > 1,
             "INTERP_BF16": interpreting() and q.dtype == torch.bfloat16,
+            "FINITE": m4 is None and scale >= 0, "EVEN_D": d == _block_d(d), "PREFILL": prefill,
             "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": bn, "BLOCK_D": _block_d(d),
             "BLOCK_TQ": triton.next_power_of_2(tq) if splits > 1 and pos is not None else 1,
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
