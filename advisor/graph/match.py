@@ -41,10 +41,11 @@ def is_getitem(node: Any) -> bool:
 
 
 def launches(node: fx.Node) -> int:
-    """Kernel launches a node costs in eager mode (views and getitems cost none)."""
+    """Kernel launches a node costs in eager mode (views and getitems cost none; a callable
+    may declare its own count, as graph/shape_only's memo does: 0 once its values are kept)."""
     if node.op != "call_function" or is_getitem(node) or node.target in VIEW_OPS:
         return 0
-    return 1
+    return int(getattr(node.target, "LAUNCHES_PER_CALL", 1))
 
 
 def strip_casts(node: Any) -> Any:

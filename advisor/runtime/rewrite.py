@@ -25,6 +25,7 @@ from advisor.graph.cse import eliminate_common_subexpressions
 from advisor.graph.inplace import batch_input_increments, write_inputs_in_place
 from advisor.graph.match import Match, launches
 from advisor.graph.patterns import find_all
+from advisor.graph.shape_only import memoize_shape_only
 from advisor.kernels.registry import all_kernels
 from advisor.kernels.testing import max_abs_error, max_violation, randn_nonzero, tolerance
 from advisor.runtime.direct import use_direct_calls
@@ -50,6 +51,7 @@ class RewriteReport:
     in_place_writes: int = 0  # input (KV cache) updates put back in place
     repeats_merged: int = 0  # ops identical to an earlier one, removed (graph/cse.py)
     increments_batched: int = 0  # input counters (p += c) written by one _foreach_add_
+    shape_only_memoized: int = 0  # launches computed from sizes alone, once (graph/shape_only.py)
     seconds: float = 0.0  # host time of the whole rewrite (part of a first call's cold start)
     confirm_seconds: float = 0.0  # of which confirming sites (their kernels' first compiles too)
 
@@ -281,9 +283,11 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
     # per-layer counter increments: one op each
     repeats = eliminate_common_subexpressions(gm) if results else 0
     increments = batch_input_increments(gm) if results else 0
+    # the causal mask and other values derived from sizes alone: computed once per length
+    memoized = memoize_shape_only(gm) if results else 0
     use_direct_calls(gm)
     return RewriteReport(tuple(results), before, _count_launches(gm), tuple(merged), in_place,
-                         repeats, increments, time.perf_counter() - start, confirming)
+                         repeats, increments, memoized, time.perf_counter() - start, confirming)
 
 
 def _confirm_or_reason(m: Match, config: str) -> float | str:

@@ -1,0 +1,178 @@
+"""Compute once what a graph derives from sizes alone: shape-only subgraphs, memoised.
+
+A `transformers` decoder builds its causal mask from sizes: at prefill, the packed-sequence
+mask is `arange`, `sub`, `cat`, `ne`, `cumsum`, `new_ones`, four `index`es, `le`, two
+`bitwise_and`s, `eq`, `where` and two `scalar_tensor`s — ~17 launches at the start of every
+forward whose values depend only on the sequence length (benchmarks/NOTES.md, session 11;
+in decode, removing 5 such launches gained ~50 µs of a 1.5 ms step, session 6). Inductor
+constant-folds part of this; our runtime runs the aten graph as it is, so this pass does it:
+
+  shape-only node  a functional aten op (no argument written, not random, not an
+                   uninitialised allocation) with a tensor value, whose inputs are all
+                   shape-only nodes, graph constants (`get_attr`) or integers (SymInt
+                   placeholders, `sym_size`, SymInt arithmetic);
+  frontier         shape-only nodes read by a node that is not shape-only.
+
+The shape-only region is cut out into a small graph of its own, with the integers it reads
+as inputs and the frontier as outputs, and replaced by one call of a `ShapeMemo`: the first
+call with given integer values runs the graph and keeps the outputs; later calls return
+the kept tensors — zero launches. Kept values must never change, so a node whose storage
+anything in the graph writes (by base: a view written in place counts) is not shape-only,
+nor is one the graph returns (the caller may write it). Memoised tensors live as long as the
+graph: a CUDA graph captured on them reads their addresses, so they are never evicted;
+a byte budget and a key count bound what is kept (past them, values are recomputed each
+call), and nothing is kept while a CUDA graph is being captured (the memo's own first run
+would then be part of the capture).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+from advisor.graph.cse import _base_map, _is_overload, _is_pure, _nodes_in, written_by
+from advisor.graph.match import launches
+
+aten = torch.ops.aten
+
+# Allocations whose values are undefined until written: never "the same" on a later call.
+_UNINITIALISED = {
+    aten.empty.memory_format, aten.empty_like.default, aten.new_empty.default,
+    aten.empty_strided.default, aten.new_empty_strided.default,
+}
+_INT_TYPES = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+MEMO_BYTES = 256 << 20  # per memo: a 8192-token bool mask is 64 MiB
+MEMO_KEYS = 64  # distinct integer tuples kept per memo (lengths of one bucket)
+
+
+class ShapeMemo:
+    """`fn(*ints)` -> tuple of tensors, computed once per tuple of integer values."""
+
+    LAUNCHES_PER_CALL = 0  # graph.match.launches: a memo hit issues no kernel
+
+    def __init__(self, fn: Callable[..., Any], n_outputs: int, launches_saved: int,
+                 max_bytes: int = MEMO_BYTES, max_keys: int = MEMO_KEYS) -> None:
+        self.fn, self.n_outputs, self.launches_saved = fn, n_outputs, launches_saved
+        self.max_bytes, self.max_keys = max_bytes, max_keys
+        self.values: dict[tuple, tuple[torch.Tensor, ...]] = {}
+        self.bytes = 0
+        self.__name__ = "advisor_shape_memo"
+
+    def __call__(self, *ints: Any) -> tuple[torch.Tensor, ...]:
+        key = tuple(ints)
+        hit = self.values.get(key)
+        if hit is not None:
+            return hit
+        out = tuple(self.fn(*ints))
+        size = sum(t.untyped_storage().nbytes() for t in out)
+        if (len(self.values) < self.max_keys and self.bytes + size <= self.max_bytes
+                and not _capturing(out)):
+            if any(t.is_cuda for t in out):
+                # Kept values are read from any stream later (a CUDA graph's capture
+                # stream): they must be complete before anyone else reads them.
+                torch.cuda.current_stream().synchronize()
+            self.values[key] = out
+            self.bytes += size
+        return out
+
+    def __repr__(self) -> str:
+        return f"ShapeMemo(outputs={self.n_outputs}, launches={self.launches_saved}, kept={len(self.values)})"
+
+
+def _capturing(out: tuple[torch.Tensor, ...]) -> bool:
+    return any(t.is_cuda for t in out) and torch.cuda.is_current_stream_capturing()
+
+
+def _is_int_like(node: fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), _INT_TYPES)
+
+
+def _shape_only_nodes(graph: fx.Graph) -> dict[fx.Node, None]:
+    """The shape-only nodes (module docstring), in graph order; get_attr constants included
+    when they are read only as shape-only inputs' sources (they launch nothing)."""
+    base = _base_map(graph)
+    written: set[fx.Node] = set()
+    for node in graph.nodes:
+        w = written_by(node)
+        if w is None:  # opaque call: anything it is given may be written
+            w = _nodes_in([*node.args, *node.kwargs.values()])
+        written |= {base.get(n, n) for n in w}
+    output = next(n for n in graph.nodes if n.op == "output")
+    escaping = {base.get(n, n) for n in _nodes_in(output.args)}
+    region: dict[fx.Node, None] = {}
+    for node in graph.nodes:
+        if base[node] in written or base[node] in escaping:
+            continue
+        if node.op == "get_attr":
+            if isinstance(getattr_path(graph, node.target), torch.Tensor):
+                region[node] = None
+            continue
+        if not (_is_overload(node) and _is_pure(node)) or node.target in _UNINITIALISED:
+            continue
+        if not isinstance(node.meta.get("val"), torch.Tensor):
+            continue
+        if all(a in region or _is_int_like(a) for a in node.all_input_nodes):
+            region[node] = None
+    return region
+
+
+def getattr_path(graph: fx.Graph, target: str) -> Any:
+    obj: Any = graph.owning_module
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def memoize_shape_only(gm: fx.GraphModule) -> int:
+    """Replace `gm`'s shape-only region by one `ShapeMemo` call (in place); returns the
+    launches it takes off every call after the first (0: nothing changed)."""
+    graph = gm.graph
+    region = _shape_only_nodes(graph)
+    frontier = [n for n in region if n.op != "get_attr"
+                and any(u not in region for u in n.users)]
+    # Only what the frontier needs: a region node whose value nothing outside reads is dead.
+    needed: dict[fx.Node, None] = {}
+    work = list(frontier)
+    while work:
+        n = work.pop()
+        if n in needed or n not in region:
+            continue
+        needed[n] = None
+        work.extend(n.all_input_nodes)
+    saved = sum(launches(n) for n in needed if n.op == "call_function")
+    if not frontier or saved == 0:
+        return 0
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    nodes = sorted(needed, key=order.__getitem__)
+    ints = sorted({a for n in nodes for a in n.all_input_nodes if a not in needed},
+                  key=order.__getitem__)
+    first_user = min((u for n in frontier for u in n.users if u not in needed),
+                     key=order.__getitem__)
+    if ints and order[ints[-1]] >= order[first_user]:
+        return 0  # an integer is computed after a frontier value is first read: keep as is
+    sub, env = fx.Graph(), {}
+    for a in ints:
+        env[a] = sub.placeholder(a.name)
+        env[a].meta = dict(a.meta)
+    for n in nodes:
+        env[n] = sub.node_copy(n, env.__getitem__)
+    sub.output(tuple(env[n] for n in frontier))
+    memo = ShapeMemo(fx.GraphModule(gm, sub), len(frontier), saved)
+    with graph.inserting_before(first_user):
+        call = graph.call_function(memo, tuple(ints))
+        call.meta["val"] = tuple(n.meta["val"] for n in frontier)
+        for i, n in enumerate(frontier):
+            got = graph.call_function(operator.getitem, (call, i))
+            got.meta = dict(n.meta)
+            n.replace_all_uses_with(got, delete_user_cb=lambda u: u not in needed)
+    for n in reversed(nodes):
+        if not n.users:
+            graph.erase_node(n)
+    graph.lint()
+    gm.recompile()
+    return saved
