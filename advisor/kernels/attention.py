@@ -441,11 +441,15 @@ def _rows(p: Problem) -> int:
 
 def _smem(cfg: Config, p: Problem) -> int:
     """Shared bytes: q, num_stages k and v tiles, one mask tile (additive mask). Equal to
-    the compiler's figure for sm_90 at D=128 bf16 (triton 3.9, 128x128 tiles, 2-3 stages)."""
+    the compiler's figure for sm_90 at D=128 bf16 (triton 3.9, 128x128 tiles, 2-3 stages).
+    RoPE on load (below ROTATE_ONCE_MIN_TQ queries) pipelines k's rotate partner and the
+    cos/sin rows too: counted as 4 K-side tiles per stage (H200, 128 queries, 128x128 at 2
+    stages: the compiler asked 256 KB where k + v alone is 160 KB; 4 tiles give 288 KB)."""
     bd = _block_d(p["d"])
     mask = cfg["BLOCK_M"] * cfg["BLOCK_N"] if p.get("mask") else 0
-    return (cfg["BLOCK_N"] * bd * 2 * cfg["num_stages"] + cfg["BLOCK_M"] * bd + mask) * _ELT.get(
-        p["dtype"], 4)
+    k_tiles = 4 if p.get("rope") and p["tq"] < ROTATE_ONCE_MIN_TQ else 1
+    stage = cfg["BLOCK_N"] * bd * (k_tiles + 1)  # K side + v
+    return (stage * cfg["num_stages"] + cfg["BLOCK_M"] * bd + mask) * _ELT.get(p["dtype"], 4)
 
 
 def _keep(cfg: Config, p: Problem) -> bool:
@@ -469,10 +473,14 @@ def _default(p: Problem) -> Config:
     bd = _block_d(p["d"])
     bm = min(128, max(16, triton.next_power_of_2(max(_rows(p), 1))),
              MAX_ACC_PER_THREAD * 32 * 8 // bd)
-    # Prefill with 2-byte inputs and D <= 128: 128 keys per block (H200: see NOTES.md,
-    # "Attention probe"); fp32 (3xTF32 dots) and wider heads keep 64 (smem, registers).
-    wide = p["tq"] > DECODE_MAX_TQ and _ELT.get(p["dtype"], 4) == 2 and bd <= 128
-    bn = min(128 if wide else 64, max(16, triton.next_power_of_2(max(p["tk"], 1))))
+    # Prefill: 128-row tiles once they give ~2 programs per SM, else 64 (more programs).
+    # H200 probe (NOTES.md, session 11; causal, 32/8 heads, d 128, bf16, µs): 512 tokens
+    # 64x64w4s3 12.1 vs 128x64w8s3 13.6 (SDPA 12.9); 2048: 87.9 (128x64) vs 88.5 (64x64);
+    # 8192: 1158 vs 1208. BLOCK_N 128 lost at every length (95 / 1251 µs at 2 stages).
+    if p["tq"] > DECODE_MAX_TQ and bm == 128 and (
+            p["batch"] * p["hq"] * triton.cdiv(p["tq"], 128) < _TARGET_PROGRAMS):
+        bm = 64
+    bn = min(64, max(16, triton.next_power_of_2(max(p["tk"], 1))))
     # 8 warps once the accumulator needs them or at BLOCK_M=128 (4 spill there at D=64).
     w = 8 if (bm * bd > MAX_ACC_PER_THREAD * 32 * 4 or bm >= 128) and bm * bn >= 2048 else 4
     bm = min(bm, MAX_ACC_PER_THREAD * 32 * w // bd)
