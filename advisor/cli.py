@@ -175,7 +175,7 @@ def tune(
     if phase == "decode" and mf.make_decode_inputs is None:
         raise ModelFileError(f"{model}: --phase decode needs make_decode_inputs(context_len, batch, device)")
     dev, dt = _device_dtype(device, dtype)
-    seeds = tuple(b.plan for p in seed_plan or () for b in load_recipe(p).buckets)
+    seeds = tuple(load_recipe(p) for p in seed_plan or ())  # routed per bucket: seeds_for_length
     options = TuneOptions(
         model=str(model), shapes=lengths, out=out_path, dtype=dt, device=str(dev), batch=batch,
         trials=trials if trials is not None or time_budget is not None else 20,

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -25,10 +26,17 @@ from advisor.kernels.testing import max_violation, tolerance
 from advisor.loader import build, call, first_tensor, inputs_for, load_model_file
 from advisor.runtime.apply import apply
 from advisor.runtime.plan import UNFUSED, Plan
-from advisor.runtime.recipe import load_recipe
+from advisor.runtime.recipe import Bucket, Recipe, load_recipe
 from advisor.search import TuneOptions, tune
 from advisor.search.objective import TrialFailed, classify, plan_of, verify_length
-from advisor.search.space import BucketSpace, FamilySpace, plan_from_params, seed_params, suggest
+from advisor.search.space import (
+    BucketSpace,
+    FamilySpace,
+    plan_from_params,
+    seed_params,
+    seeds_for_length,
+    suggest,
+)
 from advisor.search.study import Budget, Timed, choose, open_storage
 
 CPU = torch.device("cpu")
@@ -194,6 +202,14 @@ def test_space_suggests_conditional_configs_and_seeds():
     assert second == {"rms_norm": False, "gated_act": True, "cuda_graph": False}
     assert rest == [nothing, graphed, best]
     assert plan_from_params(first, space) == Plan(("rms_norm",), {"rms_norm": "BLOCK_N=128"}, True)
+    # A recipe seeds each bucket with the plan it routes that length to first, then its
+    # other buckets' plans; a plain plan keeps its place among the routed ones.
+    short, wide = Plan(("rms_norm",), {}, True), Plan(("gated_act",))
+    recipe = Recipe((Bucket(1, short), Bucket(512, wide), Bucket(2048, short)))
+    assert seeds_for_length([recipe], 1) == [short, wide]
+    assert seeds_for_length([recipe], 300) == [wide, short]
+    assert seeds_for_length([recipe, mine], 4096) == [short, mine, wide]  # past the last: largest
+    assert seeds_for_length([replace(recipe, beyond_largest="unfused")], 4096) == [short, wide]
     # Where PDL is offered (CUDA sm_90+) it is one more plan-wide switch, off in the seeds
     # unless a seed plan has it; a resumed study's space from before it reads as "not offered".
     pdl = BucketSpace(64, 0, space.families, cuda_graph=True, pdl=True)

@@ -102,6 +102,29 @@ def plan_params(plan: Plan, space: BucketSpace) -> dict[str, Any]:
     return params
 
 
+def seeds_for_length(seeds: Sequence[Any], length: int) -> list[Plan]:
+    """The --seed-plan plans for one bucket, in the order to try them. A recipe seeds the
+    plan it routes `length` to before its other buckets' plans: with a short budget a bucket
+    may run only its first seed, and a recipe's 1-token plan first at 512 tokens cost the
+    512 bucket its known-good plan (H200, 2026-12-04: 7.25 ms chosen where 4.1 was known).
+    Plans given as plans keep their place; duplicates are dropped."""
+    routed: list[Plan] = []
+    rest: list[Plan] = []
+    for seed in seeds:
+        if isinstance(seed, Plan):
+            routed.append(seed)
+            continue
+        own = seed.bucket_for(length)
+        if own is not None:
+            routed.append(own.plan)
+        rest.extend(b.plan for b in seed.buckets if own is None or b is not own)
+    out: list[Plan] = []
+    for plan in (*routed, *rest):
+        if plan not in out:
+            out.append(plan)
+    return out
+
+
 def seed_params(space: BucketSpace, plans: Sequence[Plan] = ()) -> list[dict[str, Any]]:
     """Trials every study starts with, so a short budget still measures the plans most
     likely to win: the caller's `plans` (`advisor tune --seed-plan`) first; nothing

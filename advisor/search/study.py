@@ -43,7 +43,7 @@ from advisor.errors import AdvisorError, ModelFileError
 from advisor.runtime.plan import UNFUSED, Plan
 from advisor.runtime.recipe import Bucket, Recipe, save_recipe
 from advisor.search.objective import TrialFailed, make_objective, plan_of
-from advisor.search.space import BucketSpace, plan_params, seed_params
+from advisor.search.space import BucketSpace, plan_params, seed_params, seeds_for_length
 from advisor.search.worker import WorkerPool, WorkerSpec
 
 TIE = 0.01          # plans within 1% of the fastest are ties
@@ -69,7 +69,9 @@ class TuneOptions:
     rep_ms: float = 500.0
     retime_top: int = 3
     phase: str = "prefill"              # "decode": shapes are KV-cache context lengths
-    seed_plans: tuple[Any, ...] = ()    # Plans tried first in every bucket (--seed-plan)
+    # Recipes (or Plans) whose plans every bucket tries first (--seed-plan): the plan a
+    # recipe routes the bucket's length to goes before its other buckets' plans.
+    seed_plans: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -300,11 +302,12 @@ def tune_bucket(pool: WorkerPool, storage: Any, name: str, options: TuneOptions,
     run_id, length = uuid.uuid4().hex, space.length
     study = open_study(storage, name, options.seed + length)
     recover_stale(study)
+    seeds = seeds_for_length(options.seed_plans, length)
     if not study.get_trials(deepcopy=False):
-        for params in seed_params(space, options.seed_plans):
+        for params in seed_params(space, seeds):
             study.enqueue_trial(params, skip_if_exists=True)
     else:  # a resumed study: its seeds ran; a --seed-plan given now still goes first
-        for plan in options.seed_plans:
+        for plan in seeds:
             study.enqueue_trial(plan_params(plan, space), skip_if_exists=True)
     n_trials, timeout, run = budget.for_bucket(len(finished(study)))
     listener.bucket_started(length, len(finished(study)), options.trials, unfused_ms)
