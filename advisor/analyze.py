@@ -14,7 +14,8 @@ documented, versioned JSON (schema "advisor.analysis", version 1):
                                      idle_sync_ms, memory_ms, compute_ms, flops, bytes,
                                      intensity, roofline, achieved_gbps, achieved_tflops}]},
                  "candidates": [{family, kernel, applicable, sites, count, launches_removed,
-                                 bytes_avoided, predicted_saving_ms}]}]}
+                                 bytes_avoided, predicted_saving_ms,
+                                 device_saving_ms (measured merges, else null)}]}]}
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from advisor.graph.candidates import Candidate, Costs, candidates, matches_of
 from advisor.graph.capture import capture
 from advisor.loader import ModelFile, build, checked_forward, inputs_for
 from advisor.profile import Budget, Ceilings, gpu_busy_fraction, profile_model, verdict
+from advisor.profile.merge_probe import merge_shape, probe_merges
 
 SCHEMA_VERSION = 1
 
@@ -59,8 +61,19 @@ def costs_from(ceilings: Ceilings) -> Costs:
     return Costs(launch_us=ceilings.launch_us, copy_gbps=ceilings.copy_gbps)
 
 
-def find_candidates(model: torch.nn.Module, inputs: Any, ceilings: Ceilings) -> tuple[Candidate, ...]:
-    return tuple(candidates(matches_of(capture(model, inputs)), costs_from(ceilings)))
+def find_candidates(model: torch.nn.Module, inputs: Any, ceilings: Ceilings,
+                    device: torch.device | None = None) -> tuple[Candidate, ...]:
+    """Candidates priced by the ceilings; with `device`, merges priced by their GEMMs timed
+    there (profile/merge_probe.py)."""
+    matches = matches_of(capture(model, inputs))
+    measured = None
+    if device is not None:
+        timings = probe_merges(matches, device)
+
+        def measured(m: Any) -> float | None:
+            t = timings.get(merge_shape(m))  # type: ignore[arg-type]
+            return None if t is None else t.saving_ms
+    return tuple(candidates(matches, costs_from(ceilings), measured))
 
 
 def analyze_shape(mf: ModelFile, model: torch.nn.Module, seq_len: int, batch: int,
@@ -73,7 +86,7 @@ def analyze_shape(mf: ModelFile, model: torch.nn.Module, seq_len: int, batch: in
     budget = profile_model(model, inputs, device, dtype, ceilings=ceilings, iters=iters,
                            trace_path=trace_path)
     return ShapeAnalysis(seq_len, budget, verdict(budget), gpu_busy_fraction(budget),
-                         find_candidates(model, inputs, ceilings))
+                         find_candidates(model, inputs, ceilings, device))
 
 
 def analyze(mf: ModelFile, shapes: tuple[int, ...], batch: int, device: torch.device,

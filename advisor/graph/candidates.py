@@ -4,11 +4,19 @@ Predicted saving per forward = launches removed × measured per-launch cost
                              + bytes avoided ÷ measured copy bandwidth.
 Launches and bytes come from the matched subgraphs themselves (fake-tensor shapes), not
 from per-family constants, so the same formula prices any spelling of a pattern.
+
+Where the saving is GEMM efficiency that launches and bytes do not see (a horizontal
+merge: small GEMVs below copy bandwidth become one near it), the caller passes the
+measured device-time saving per site (`advisor/profile/merge_probe.py`). The candidate
+then carries it as `device_saving_ms` (what a CUDA-graph replay gains) and is priced
+at max(launch + bytes price, device saving): eager at small sizes is host-bound (the
+removed launches' host time is the saving), at large sizes device-bound.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from advisor.graph.capture import Captured
@@ -25,6 +33,7 @@ class Candidate:
     launches_removed: int       # per forward, all sites
     bytes_avoided: int          # per forward, all sites
     predicted_saving_ms: float  # per forward
+    device_saving_ms: float | None = None  # per forward, measured (merges); None: not probed
 
     @property
     def applicable(self) -> bool:
@@ -55,8 +64,11 @@ def _launches_removed(m: Match) -> int:
     return max(0, m.launches() - 1)
 
 
-def candidates(matches: list[Match], costs: Costs) -> list[Candidate]:
-    """One Candidate per family, ranked by predicted saving (largest first)."""
+def candidates(matches: list[Match], costs: Costs,
+               measured: Callable[[Match], float | None] | None = None) -> list[Candidate]:
+    """One Candidate per family, ranked by predicted saving (largest first). `measured`:
+    a site's measured device-time saving in ms, or None where it was not measured; a
+    family is priced by it only when every site of the family was measured."""
     by_family: dict[str, list[Match]] = defaultdict(list)
     for m in matches:
         by_family[m.family].append(m)
@@ -64,9 +76,13 @@ def candidates(matches: list[Match], costs: Costs) -> list[Candidate]:
     for family, ms in by_family.items():
         removed = sum(_launches_removed(m) for m in ms)
         avoided = sum(m.bytes_avoided() for m in ms)
+        per_site = [measured(m) for m in ms] if measured is not None else [None]
+        device = None if None in per_site else sum(per_site)
+        priced = price(removed, avoided, costs)
         out.append(Candidate(
             family=family, kernel=ms[0].kernel, sites=tuple(m.module for m in ms),
             count=len(ms), launches_removed=removed, bytes_avoided=avoided,
-            predicted_saving_ms=price(removed, avoided, costs),
+            predicted_saving_ms=priced if device is None else max(priced, device),
+            device_saving_ms=device,
         ))
     return sorted(out, key=lambda c: (-c.predicted_saving_ms, c.family))

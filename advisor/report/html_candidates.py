@@ -153,9 +153,13 @@ def small_kernel_us(shape: dict) -> float | None:
 
 
 def graph_priced(c: dict, ceilings: dict | None, kernel_us: float | None = None) -> float | None:
-    """The candidate's predicted saving under CUDA graphs: each removed launch at
-    `kernel_us` (a small kernel's measured device time, `small_kernel_us`) where known,
-    else at the graph launch cost, plus bytes ÷ copy bandwidth (None without ceilings)."""
+    """The candidate's predicted saving under CUDA graphs: its measured device-time saving
+    where the analyzer timed it (merges: `device_saving_ms`, profile/merge_probe.py); else
+    each removed launch at `kernel_us` (a small kernel's measured device time,
+    `small_kernel_us`) where known, else at the graph launch cost, plus bytes ÷ copy
+    bandwidth (None without ceilings)."""
+    if (device := _num(c.get("device_saving_ms"))) is not None:
+        return device
     g, bw = _num((ceilings or {}).get("graph_launch_us")), _num((ceilings or {}).get("copy_gbps"))
     g = kernel_us if kernel_us is not None else g
     launches, nbytes = _num(c.get("launches_removed")), _num(c.get("bytes_avoided"))
@@ -172,7 +176,8 @@ def _ablation_cells(row: dict, c: dict, ceilings: dict | None, graphs: bool,
     if row.get("error"):
         tip += f" ({row['error']})"
     if graphs and (repriced := graph_priced(c, ceilings, kernel_us)) is not None:
-        per = f"{kernel_us:.2f} µs per removed kernel" if kernel_us is not None else "the graph launch cost"
+        per = ("the separate and merged GEMMs timed at analysis" if _num(c.get("device_saving_ms")) is not None
+               else f"{kernel_us:.2f} µs per removed kernel" if kernel_us is not None else "the graph launch cost")
         tip += (f"; compared with the prediction re-priced for CUDA graphs ({per}), {repriced:.3f} ms "
                 f"(eager-priced {_f(predicted)} ms)")
         predicted = repriced

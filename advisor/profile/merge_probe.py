@@ -1,0 +1,160 @@
+"""Measured price of horizontal linear merges (qkv_merge, gate_up_merge, linear_merge).
+
+A merge's saving is mostly GEMM efficiency, not launches or bytes: three small GEMVs
+(q, k, v at one token) run far below copy bandwidth, one merged GEMV near it. Priced by
+launches and the re-read x alone, the analyzer under-predicted the H200's measured
+savings 3–4× (session 5: qkv 0.026 predicted vs 0.101 ms measured at 1 token). So the
+analyzer times both spellings of each distinct merge shape on the analysis device:
+
+    separate_ms = device time of  x·W_1ᵀ, …, x·W_nᵀ   (n cuBLAS calls, back to back)
+    merged_ms   = device time of  x·[W_1; …; W_n]ᵀ    (one call)
+
+x: (M, K) with M = the site's rows; W_i: (N_i, K), the site's dtype; with bias when the
+site has one. On CUDA each spelling is captured in one CUDA graph that runs it over
+enough distinct weight copies to exceed twice the L2 (every layer reads its own weights;
+a replay of one copy would time L2 hits), replayed with CUDA events; the saving is what a
+CUDA-graph replay of the model gains, the launch gap and ramp of the removed kernels
+included. On the CPU: perf_counter over the same op list (tests; CPU analyses).
+
+Shapes are probed once (every layer of a decoder shares them); weights are random
+tensors of the site's shapes and dtype (values do not move a GEMM's time).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from advisor.graph.capture import fake
+from advisor.graph.match import Match
+
+MERGE_KERNEL = "merged_linear"
+PROBE_BYTES_MAX = 1 << 30   # weight copies per spelling; bounds the probe's memory
+COPIES_MAX = 16
+REPS = 20                   # CUDA replays (median); the CPU takes 3
+
+
+@dataclass(frozen=True)
+class MergeShape:
+    m: int                    # rows of x (batch · tokens)
+    k: int
+    ns: tuple[int, ...]       # each member's output features
+    bias: bool
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class MergeTiming:
+    separate_ms: float        # the members, one call each
+    merged_ms: float          # one call on the concatenated weight
+
+    @property
+    def saving_ms(self) -> float:
+        return self.separate_ms - self.merged_ms
+
+
+def merge_shape(m: Match) -> MergeShape | None:
+    """The probe shape of a merge site; None for any other site or unknown shapes."""
+    if m.kernel != MERGE_KERNEL:
+        return None
+    x = fake(m.operands.get("x"))
+    ws = [fake(w) for w in m.operands.get("weights", [])]
+    if x is None or not ws or any(w is None or w.dim() != 2 for w in ws):
+        return None
+    k = int(ws[0].shape[1])
+    if x.shape[-1] != k or x.numel() == 0:
+        return None
+    bias = any(b is not None for b in m.operands.get("biases", []))
+    return MergeShape(x.numel() // k, k, tuple(int(w.shape[0]) for w in ws), bias, ws[0].dtype)
+
+
+def _weights(s: MergeShape, copies: int, device: torch.device) -> list[list[tuple[torch.Tensor, torch.Tensor | None]]]:
+    """copies × members of (W (N_i, K), b (N_i,) or None), random, in the site's dtype."""
+    def one(n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        w = torch.randn(n, s.k, device=device, dtype=torch.float32).to(s.dtype) * s.k ** -0.5
+        return w, (torch.randn(n, device=device).to(s.dtype) if s.bias else None)
+    return [[one(n) for n in s.ns] for _ in range(copies)]
+
+
+def _copies(s: MergeShape, device: torch.device) -> int:
+    set_bytes = s.k * sum(s.ns) * torch.empty((), dtype=s.dtype).element_size()
+    if device.type != "cuda":
+        return 1
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
+    want = max(1, math.ceil(2 * l2 / set_bytes))
+    return max(1, min(want, COPIES_MAX, PROBE_BYTES_MAX // max(1, set_bytes)))
+
+
+def _graph_ms(run: Callable[[], None], device: torch.device, reps: int) -> float:
+    """Median device ms of one replay of a CUDA graph of `run`."""
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm up off the capture stream (cuBLAS workspaces)
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()
+    torch.cuda.synchronize(device)
+    pairs = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        pairs.append((start, end))
+    torch.cuda.synchronize(device)
+    del graph
+    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+
+
+def _cpu_ms(run: Callable[[], None], reps: int = 3) -> float:
+    run()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def time_merge(s: MergeShape, device: torch.device | str) -> MergeTiming:
+    """Device ms per site of the separate and the merged spelling (see the module doc)."""
+    device = torch.device(device)
+    copies = _copies(s, device)
+    x = torch.randn(s.m, s.k, device=device, dtype=torch.float32).to(s.dtype)  # (M, K)
+    timer = (lambda run: _graph_ms(run, device, REPS)) if device.type == "cuda" else _cpu_ms
+    with torch.no_grad():
+        sets = _weights(s, copies, device)
+
+        def separate() -> None:
+            for members in sets:
+                for w, b in members:
+                    F.linear(x, w, b)
+
+        separate_ms = timer(separate) / copies
+        merged = [(torch.cat([w for w, _ in members]),
+                   torch.cat([b for _, b in members]) if s.bias else None) for members in sets]
+        del sets
+
+        def one_call() -> None:
+            for w, b in merged:
+                F.linear(x, w, b)
+
+        merged_ms = timer(one_call) / copies
+        del merged
+    return MergeTiming(separate_ms, merged_ms)
+
+
+def probe_merges(matches: Iterable[Match], device: torch.device | str) -> dict[MergeShape, MergeTiming]:
+    """Each distinct merge shape among `matches`, timed once on `device`."""
+    shapes = dict.fromkeys(s for m in matches if (s := merge_shape(m)) is not None)
+    return {s: time_merge(s, device) for s in shapes}
