@@ -74,12 +74,28 @@ def merge_shape(m: Match) -> MergeShape | None:
     return MergeShape(x.numel() // k, k, tuple(int(w.shape[0]) for w in ws), bias, ws[0].dtype)
 
 
-def _weights(s: MergeShape, copies: int, device: torch.device) -> list[list[tuple[torch.Tensor, torch.Tensor | None]]]:
-    """copies × members of (W (N_i, K), b (N_i,) or None), random, in the site's dtype."""
+Members = list[tuple[torch.Tensor, torch.Tensor | None]]  # (W (N_i, K), b (N_i,) or None)
+
+
+def _weights(s: MergeShape, copies: int, device: torch.device) -> list[Members]:
+    """copies × members, random, in the site's dtype."""
     def one(n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         w = torch.randn(n, s.k, device=device, dtype=torch.float32).to(s.dtype) * s.k ** -0.5
         return w, (torch.randn(n, device=device).to(s.dtype) if s.bias else None)
     return [[one(n) for n in s.ns] for _ in range(copies)]
+
+
+def _concatenated(members: Members) -> Members:
+    bias = members[0][1] is not None
+    return [(torch.cat([w for w, _ in members]), torch.cat([b for _, b in members]) if bias else None)]
+
+
+def _linears(x: torch.Tensor, sets: list[Members]) -> Callable[[], None]:
+    def run() -> None:
+        for members in sets:
+            for w, b in members:
+                F.linear(x, w, b)
+    return run
 
 
 def _copies(s: MergeShape, device: torch.device) -> int:
@@ -134,23 +150,9 @@ def time_merge(s: MergeShape, device: torch.device | str) -> MergeTiming:
     timer = (lambda run: _graph_ms(run, device, REPS)) if device.type == "cuda" else _cpu_ms
     with torch.no_grad():
         sets = _weights(s, copies, device)
-
-        def separate() -> None:
-            for members in sets:
-                for w, b in members:
-                    F.linear(x, w, b)
-
-        separate_ms = timer(separate) / copies
-        merged = [(torch.cat([w for w, _ in members]),
-                   torch.cat([b for _, b in members]) if s.bias else None) for members in sets]
-        del sets
-
-        def one_call() -> None:
-            for w, b in merged:
-                F.linear(x, w, b)
-
-        merged_ms = timer(one_call) / copies
-        del merged
+        separate_ms = timer(_linears(x, sets)) / copies
+        sets = [_concatenated(members) for members in sets]  # the separate copies freed here
+        merged_ms = timer(_linears(x, sets)) / copies
     return MergeTiming(separate_ms, merged_ms)
 
 

@@ -176,8 +176,10 @@ def _ablation_cells(row: dict, c: dict, ceilings: dict | None, graphs: bool,
     if row.get("error"):
         tip += f" ({row['error']})"
     if graphs and (repriced := graph_priced(c, ceilings, kernel_us)) is not None:
-        per = ("the separate and merged GEMMs timed at analysis" if _num(c.get("device_saving_ms")) is not None
-               else f"{kernel_us:.2f} µs per removed kernel" if kernel_us is not None else "the graph launch cost")
+        timed = _num(c.get("device_saving_ms")) is not None
+        per = ("the separate and merged GEMMs timed at analysis" if timed
+               else f"{kernel_us:.2f} µs per removed kernel" if kernel_us is not None
+               else "the graph launch cost")
         tip += (f"; compared with the prediction re-priced for CUDA graphs ({per}), {repriced:.3f} ms "
                 f"(eager-priced {_f(predicted)} ms)")
         predicted = repriced
