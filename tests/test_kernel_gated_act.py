@@ -273,6 +273,15 @@ def test_flat_int64_offsets():
     assert_close(out, ga.reference(gate, up, "silu"))
 
 
+def test_default_is_flat_only_for_large_contiguous_problems():
+    """The measured crossover (ga.default's docstring): 2048 x 14336 contiguous runs flat,
+    the same shape strided and small problems keep the tile default."""
+    big_flat = ga.SPACE.default(ga._problem(2048, 14336, torch.bfloat16, True))
+    assert big_flat["LAYOUT"] == ga.FLAT and big_flat["EVICT"] == 1
+    assert ga.SPACE.default(ga._problem(2048, 14336, torch.bfloat16, False))["LAYOUT"] == ga.TILES
+    assert ga.SPACE.default(ga._problem(128, 14336, torch.bfloat16, True))["LAYOUT"] == ga.TILES
+
+
 def test_flat_only_where_contiguous():
     """Strided halves (and the merged form) keep only tiles: a flat config there runs the
     default tile config (ConfigSpace.resolve), correctly."""
@@ -293,7 +302,7 @@ def test_config_without_new_axes_is_the_old_behaviour():
     old = {"BLOCK_M": 1, "BLOCK_N": 1024, "num_warps": 4}
     problem = ga._problem(4, 1024, torch.bfloat16, True)
     assert ga.SPACE.resolve(old, problem) == {**old, "LAYOUT": ga.TILES, "EVICT": 2}
-    assert ga.SPACE.default(problem)["LAYOUT"] == ga.TILES  # default unchanged: tiles
+    assert ga.SPACE.default(problem)["LAYOUT"] == ga.TILES  # a small problem: tiles
     gate, up = _pair((4, 1024), torch.bfloat16)
     assert_close(torch.ops.advisor.gated_act(gate, up, "silu", encode(old)),
                  ga.reference(gate, up, "silu"))
