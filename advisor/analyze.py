@@ -15,7 +15,8 @@ documented, versioned JSON (schema "advisor.analysis", version 1):
                                      intensity, roofline, achieved_gbps, achieved_tflops}]},
                  "candidates": [{family, kernel, applicable, sites, count, launches_removed,
                                  bytes_avoided, predicted_saving_ms,
-                                 device_saving_ms (measured merges, else null)}]}]}
+                                 device_saving_ms (measured on the analysis device, per
+                                 forward; null where not measured), probe_note (why not)}]}]}
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from advisor.graph.candidates import Candidate, Costs, candidates, matches_of
 from advisor.graph.capture import capture
 from advisor.loader import ModelFile, build, checked_forward, inputs_for
 from advisor.profile import Budget, Ceilings, gpu_busy_fraction, profile_model, verdict
-from advisor.profile.merge_probe import merge_shape, probe_merges
+from advisor.profile.merge_probe import MERGE_KERNEL, merge_shape, probe_merges
+from advisor.runtime.site_probe import probe_sites
 
 SCHEMA_VERSION = 1
 
@@ -63,17 +65,26 @@ def costs_from(ceilings: Ceilings) -> Costs:
 
 def find_candidates(model: torch.nn.Module, inputs: Any, ceilings: Ceilings,
                     device: torch.device | None = None) -> tuple[Candidate, ...]:
-    """Candidates priced by the ceilings; with `device`, merges priced by their GEMMs timed
-    there (profile/merge_probe.py)."""
+    """Candidates priced by the ceilings; with `device`, each site's device-time saving
+    measured there: merges as cuBLAS calls (profile/merge_probe.py), the other families'
+    sites fused vs captured (runtime/site_probe.py, CUDA only)."""
     matches = matches_of(capture(model, inputs))
-    measured = None
-    if device is not None:
-        timings = probe_merges(matches, device)
+    if device is None:
+        return tuple(candidates(matches, costs_from(ceilings)))
+    merges = probe_merges(matches, device)
+    sites = probe_sites(matches, device)
 
-        def measured(m: Any) -> float | None:
-            t = timings.get(merge_shape(m))  # type: ignore[arg-type]
+    def measured(m: Any) -> float | None:
+        if m.kernel == MERGE_KERNEL:
+            t = merges.get(merge_shape(m))  # type: ignore[arg-type]
             return None if t is None else t.saving_ms
-    return tuple(candidates(matches, costs_from(ceilings), measured))
+        return sites.saving_ms(m)
+
+    def unmeasured(m: Any) -> str:
+        if m.kernel == MERGE_KERNEL:
+            return "merge shape unknown"
+        return sites.reason(m)
+    return tuple(candidates(matches, costs_from(ceilings), measured, unmeasured))
 
 
 def analyze_shape(mf: ModelFile, model: torch.nn.Module, seq_len: int, batch: int,

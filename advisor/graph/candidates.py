@@ -5,9 +5,10 @@ Predicted saving per forward = launches removed × measured per-launch cost
 Launches and bytes come from the matched subgraphs themselves (fake-tensor shapes), not
 from per-family constants, so the same formula prices any spelling of a pattern.
 
-Where the saving is GEMM efficiency that launches and bytes do not see (a horizontal
-merge: small GEMVs below copy bandwidth become one near it), the caller passes the
-measured device-time saving per site (`advisor/profile/merge_probe.py`). The candidate
+Where the saving is kernel efficiency that launches and bytes do not see (a horizontal
+merge: small GEMVs below copy bandwidth become one near it; a norm in a GEMM's prologue
+changing the GEMM's own time), the caller passes the measured device-time saving per
+site (`advisor/profile/merge_probe.py`, `advisor/runtime/site_probe.py`). The candidate
 then carries it as `device_saving_ms` (what a CUDA-graph replay gains) and is priced
 at max(launch + bytes price, device saving): eager at small sizes is host-bound (the
 removed launches' host time is the saving), at large sizes device-bound.
@@ -33,7 +34,8 @@ class Candidate:
     launches_removed: int       # per forward, all sites
     bytes_avoided: int          # per forward, all sites
     predicted_saving_ms: float  # per forward
-    device_saving_ms: float | None = None  # per forward, measured (merges); None: not probed
+    device_saving_ms: float | None = None  # per forward, measured; None: not (fully) probed
+    probe_note: str = ""        # why device_saving_ms is None (a site's probe skip reason)
 
     @property
     def applicable(self) -> bool:
@@ -65,10 +67,12 @@ def _launches_removed(m: Match) -> int:
 
 
 def candidates(matches: list[Match], costs: Costs,
-               measured: Callable[[Match], float | None] | None = None) -> list[Candidate]:
+               measured: Callable[[Match], float | None] | None = None,
+               unmeasured: Callable[[Match], str] | None = None) -> list[Candidate]:
     """One Candidate per family, ranked by predicted saving (largest first). `measured`:
     a site's measured device-time saving in ms, or None where it was not measured; a
-    family is priced by it only when every site of the family was measured."""
+    family is priced by it only when every site of the family was measured. `unmeasured`:
+    why a site has no measurement (the first site's reason becomes the probe_note)."""
     by_family: dict[str, list[Match]] = defaultdict(list)
     for m in matches:
         by_family[m.family].append(m)
@@ -78,11 +82,14 @@ def candidates(matches: list[Match], costs: Costs,
         avoided = sum(m.bytes_avoided() for m in ms)
         per_site = [measured(m) for m in ms] if measured is not None else [None]
         device = None if None in per_site else sum(per_site)
+        note = ""
+        if device is None and measured is not None and unmeasured is not None:
+            note = next((unmeasured(m) for m, t in zip(ms, per_site) if t is None), "")
         priced = price(removed, avoided, costs)
         out.append(Candidate(
             family=family, kernel=ms[0].kernel, sites=tuple(m.module for m in ms),
             count=len(ms), launches_removed=removed, bytes_avoided=avoided,
             predicted_saving_ms=priced if device is None else max(priced, device),
-            device_saving_ms=device,
+            device_saving_ms=device, probe_note=note,
         ))
     return sorted(out, key=lambda c: (-c.predicted_saving_ms, c.family))

@@ -10,11 +10,10 @@ analyzer times both spellings of each distinct merge shape on the analysis devic
     merged_ms   = device time of  x·[W_1; …; W_n]ᵀ    (one call)
 
 x: (M, K) with M = the site's rows; W_i: (N_i, K), the site's dtype; with bias when the
-site has one. On CUDA each spelling is captured in one CUDA graph that runs it over
-enough distinct weight copies to exceed twice the L2 (every layer reads its own weights;
-a replay of one copy would time L2 hits), replayed with CUDA events; the saving is what a
-CUDA-graph replay of the model gains, the launch gap and ramp of the removed kernels
-included. On the CPU: perf_counter over the same op list (tests; CPU analyses).
+site has one. Each spelling runs over enough distinct weight copies to exceed twice the L2, in one
+CUDA graph (profile/replay.py): the saving is what a CUDA-graph replay of the model
+gains, the launch gap and ramp of the removed kernels included. On the CPU: perf_counter
+over the same op list (tests; CPU analyses).
 
 Shapes are probed once (every layer of a decoder shares them); weights are random
 tensors of the site's shapes and dtype (values do not move a GEMM's time).
@@ -22,9 +21,6 @@ tensors of the site's shapes and dtype (values do not move a GEMM's time).
 
 from __future__ import annotations
 
-import math
-import statistics
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -33,11 +29,9 @@ import torch.nn.functional as F
 
 from advisor.graph.capture import fake
 from advisor.graph.match import Match
+from advisor.profile.replay import copies_past_l2, device_ms
 
 MERGE_KERNEL = "merged_linear"
-PROBE_BYTES_MAX = 1 << 30   # weight copies per spelling; bounds the probe's memory
-COPIES_MAX = 16
-REPS = 20                   # CUDA replays (median); the CPU takes 3
 
 
 @dataclass(frozen=True)
@@ -98,56 +92,13 @@ def _linears(x: torch.Tensor, sets: list[Members]) -> Callable[[], None]:
     return run
 
 
-def _copies(s: MergeShape, device: torch.device) -> int:
-    set_bytes = s.k * sum(s.ns) * torch.empty((), dtype=s.dtype).element_size()
-    if device.type != "cuda":
-        return 1
-    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
-    want = max(1, math.ceil(2 * l2 / set_bytes))
-    return max(1, min(want, COPIES_MAX, PROBE_BYTES_MAX // max(1, set_bytes)))
-
-
-def _graph_ms(run: Callable[[], None], device: torch.device, reps: int) -> float:
-    """Median device ms of one replay of a CUDA graph of `run`."""
-    side = torch.cuda.Stream(device=device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):  # warm up off the capture stream (cuBLAS workspaces)
-        for _ in range(2):
-            run()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    graph.replay()
-    torch.cuda.synchronize(device)
-    pairs = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        pairs.append((start, end))
-    torch.cuda.synchronize(device)
-    del graph
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
-
-
-def _cpu_ms(run: Callable[[], None], reps: int = 3) -> float:
-    run()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
 def time_merge(s: MergeShape, device: torch.device | str) -> MergeTiming:
     """Device ms per site of the separate and the merged spelling (see the module doc)."""
     device = torch.device(device)
-    copies = _copies(s, device)
+    set_bytes = s.k * sum(s.ns) * torch.empty((), dtype=s.dtype).element_size()
+    copies = copies_past_l2(set_bytes, device)
     x = torch.randn(s.m, s.k, device=device, dtype=torch.float32).to(s.dtype)  # (M, K)
-    timer = (lambda run: _graph_ms(run, device, REPS)) if device.type == "cuda" else _cpu_ms
+    timer = lambda run: device_ms(run, device)  # noqa: E731
     with torch.no_grad():
         sets = _weights(s, copies, device)
         separate_ms = timer(_linears(x, sets)) / copies

@@ -47,11 +47,12 @@ def _candidates_table(s: ShapeAnalysis) -> Table:
     t = Table(title=f"fusion candidates at {s.seq_len} tokens (ranked by predicted saving)",
               title_justify="left")
     for col in ("#", "family", "sites", "launches removed", "bytes avoided", "predicted saving",
-                "kernel"):
+                "device saving (timed)", "kernel"):
         t.add_column(col, justify="left" if col in ("family", "kernel") else "right")
     for i, c in enumerate(s.candidates, 1):
+        timed = "-" if c.device_saving_ms is None else f"{c.device_saving_ms:.3f} ms"
         t.add_row(str(i), c.family, str(c.count), str(c.launches_removed), _bytes(c.bytes_avoided),
-                  f"{c.predicted_saving_ms:.3f} ms", c.kernel or "[dim]analysis only[/dim]")
+                  f"{c.predicted_saving_ms:.3f} ms", timed, c.kernel or "[dim]analysis only[/dim]")
     return t
 
 

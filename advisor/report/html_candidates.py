@@ -154,7 +154,8 @@ def small_kernel_us(shape: dict) -> float | None:
 
 def graph_priced(c: dict, ceilings: dict | None, kernel_us: float | None = None) -> float | None:
     """The candidate's predicted saving under CUDA graphs: its measured device-time saving
-    where the analyzer timed it (merges: `device_saving_ms`, profile/merge_probe.py); else
+    where the analyzer timed it (`device_saving_ms`: profile/merge_probe.py for merges,
+    runtime/site_probe.py for the other families on CUDA); else
     each removed launch at `kernel_us` (a small kernel's measured device time,
     `small_kernel_us`) where known, else at the graph launch cost, plus bytes ÷ copy
     bandwidth (None without ceilings)."""
@@ -177,7 +178,7 @@ def _ablation_cells(row: dict, c: dict, ceilings: dict | None, graphs: bool,
         tip += f" ({row['error']})"
     if graphs and (repriced := graph_priced(c, ceilings, kernel_us)) is not None:
         timed = _num(c.get("device_saving_ms")) is not None
-        per = ("the separate and merged GEMMs timed at analysis" if timed
+        per = ("the site timed fused and unfused at analysis" if timed
                else f"{kernel_us:.2f} µs per removed kernel" if kernel_us is not None
                else "the graph launch cost")
         tip += (f"; compared with the prediction re-priced for CUDA graphs ({per}), {repriced:.3f} ms "

@@ -59,7 +59,7 @@ class RewriteReport:
 RANDOM_POSITIONS = 8192  # integer operands are confirmed with random values below this
 
 
-def _random_like(node: fx.Node, gen: torch.Generator, slots: int | None = None,
+def random_like(node: fx.Node, gen: torch.Generator, slots: int | None = None,
                  keys: int | None = None) -> Any:
     """A random non-zero tensor shaped like the node's value (a SymInt input: its hint).
     `slots`: the match writes a cache of that many positions, and an integer input is the
@@ -111,7 +111,9 @@ def _order(m: Match) -> Any:
     return graph_pos.__getitem__
 
 
-def _signature(m: Match, config: str) -> tuple:
+def site_signature(m: Match, config: str) -> tuple:
+    """Sites alike for confirmation and timing: family, input shapes and dtypes, constant
+    operands, config (every layer of a decoder shares one)."""
     shapes = tuple((tuple(hint(s) for s in t.shape), t.dtype) if (t := fake(n)) is not None else None
                    for n in m.external_inputs())
     consts = tuple(sorted((k, v) for k, v in m.operands.items() if isinstance(v, (int, float, str, bool))))
@@ -136,7 +138,7 @@ def confirm(m: Match, config: str, seed: int = 0) -> float:
     gen = torch.Generator().manual_seed(seed)
     # Compilers run under the tracer's fake mode: confirm on real tensors.
     with unset_fake_temporarily(), torch.inference_mode():
-        args = [_random_like(n, gen, m.operands.get("slots"), m.operands.get("keys")) for n in inputs]
+        args = [random_like(n, gen, m.operands.get("slots"), m.operands.get("keys")) for n in inputs]
         # Each side on its own copy: a match may write its inputs in place (a KV cache).
         want = ref_gm(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
         got = fused_gm(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
@@ -257,7 +259,7 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
                 continue
             tried.add(_site_key(m))
             config = plan.config_for(m.family)
-            key = _signature(m, config)
+            key = site_signature(m, config)
             if key not in cache:
                 t = time.perf_counter()
                 cache[key] = _confirm_or_reason(m, config)

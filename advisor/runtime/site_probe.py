@@ -1,0 +1,145 @@
+"""Measured device-time saving of fusion sites on the analysis device.
+
+Launches × launch cost + bytes ÷ copy bandwidth prices what a fusion removes, but not
+what its kernel costs: a norm folded into a GEMM's prologue, an epilogue, RoPE inside
+attention change the GEMM's or the attention's own time, which that price does not see.
+So on CUDA the analyzer times each distinct site (one per `site_signature`: every layer
+of a decoder shares one) both ways:
+
+    unfused_ms = the site's captured subgraph            (runtime/rewrite.extract)
+    fused_ms   = the same subgraph with the fused op     (emit, default config, direct
+                 emitted                                   calls: what apply runs)
+
+each over enough random input copies to exceed twice the L2, in one CUDA graph
+(profile/replay.py); saving = unfused − fused per site, what a CUDA-graph replay of the
+model gains. Weights a kernel reads as one matrix are laid out back to back, as apply
+lays them (runtime/weights.py), so neither side pays a per-call concatenation.
+
+Not probed (left to the launch + bytes price, with the reason kept): merges (their own
+probe, profile/merge_probe.py), sites whose nodes other sites share (Match.shared: the
+subgraph would price the shared mask once per layer), anything off CUDA (the fused side
+would run Triton's interpreter), and a site whose emit or kernel fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from advisor.graph.match import Match
+from advisor.kernels.registry import all_kernels
+from advisor.profile.merge_probe import MERGE_KERNEL
+from advisor.profile.replay import copies_past_l2, device_ms
+from advisor.runtime.direct import use_direct_calls
+from advisor.runtime.emit import emit
+from advisor.runtime.rewrite import extract, random_like, site_signature
+
+DEFAULT_CONFIG = ""  # the registry's default config for the site's problem
+
+
+@dataclass(frozen=True)
+class SiteTiming:
+    unfused_ms: float  # per site
+    fused_ms: float
+
+    @property
+    def saving_ms(self) -> float:
+        return self.unfused_ms - self.fused_ms
+
+
+@dataclass(frozen=True)
+class SiteProbe:
+    timings: dict[tuple, SiteTiming]   # site_signature -> timing
+    skipped: dict[tuple, str]          # site_signature -> why it was not timed
+
+    def saving_ms(self, m: Match) -> float | None:
+        t = self.timings.get(site_signature(m, DEFAULT_CONFIG))
+        return None if t is None else t.saving_ms
+
+    def reason(self, m: Match) -> str:
+        """Why `m` has no timing ("" when it has one; "not probed" when never seen)."""
+        key = site_signature(m, DEFAULT_CONFIG)
+        return "" if key in self.timings else self.skipped.get(key, "not probed")
+
+
+def skip_reason(m: Match, device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return "not on CUDA: the fused side would time Triton's interpreter"
+    if m.kernel is None:
+        return "no kernel"
+    if m.kernel == MERGE_KERNEL:
+        return "merges are timed by profile/merge_probe.py"
+    if m.shared:
+        return "shares nodes with other sites"
+    return None
+
+
+def _arg_sets(m: Match, inputs: list[Any], copies: int, seed: int) -> list[list[Any]]:
+    """`copies` independent random input sets for the extracted site; a kernel's weight
+    list (operands["weights"]) as adjacent row slices of one (ΣN, K) buffer."""
+    gen = torch.Generator().manual_seed(seed)
+    weights = [inputs.index(w) for w in m.operands.get("weights", []) if w in inputs]
+    sets = []
+    for _ in range(copies):
+        args = [random_like(n, gen, m.operands.get("slots"), m.operands.get("keys")) for n in inputs]
+        if len(weights) > 1:
+            buffer = torch.cat([args[i] for i in weights])  # (ΣN, K)
+            start = 0
+            for i in weights:
+                rows = args[i].shape[0]
+                args[i] = buffer[start:start + rows]
+                start += rows
+        sets.append(args)
+    return sets
+
+
+def _set_bytes(args: list[Any]) -> int:
+    return sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+
+
+def time_site(m: Match, device: torch.device | str, seed: int = 0) -> SiteTiming:
+    """Device ms per site of the captured subgraph and of the fused op (module doc)."""
+    device = torch.device(device)
+    all_kernels()  # importing the kernel modules registers their custom ops
+    ref_gm, inputs, _ = extract(m)
+    fused_gm, _, local = extract(m)
+    emit(fused_gm.graph, local, DEFAULT_CONFIG)
+    fused_gm.graph.eliminate_dead_code()
+    use_direct_calls(fused_gm)
+    with unset_fake_temporarily(), torch.inference_mode():
+        first = _arg_sets(m, inputs, 1, seed)
+        sets = first + _arg_sets(m, inputs, copies_past_l2(_set_bytes(first[0]), device) - 1, seed + 1)
+
+        def over(gm: torch.fx.GraphModule):
+            def run() -> None:
+                for args in sets:
+                    gm(*args)
+            return run
+        unfused = device_ms(over(ref_gm), device) / len(sets)
+        fused = device_ms(over(fused_gm), device) / len(sets)
+    return SiteTiming(unfused, fused)
+
+
+def probe_sites(matches: Iterable[Match], device: torch.device | str) -> SiteProbe:
+    """Each distinct site among `matches`, timed once on `device` (or skipped, with why)."""
+    device = torch.device(device)
+    timings: dict[tuple, SiteTiming] = {}
+    skipped: dict[tuple, str] = {}
+    for m in matches:
+        key = site_signature(m, DEFAULT_CONFIG)
+        if key in timings or key in skipped:
+            continue
+        reason = skip_reason(m, device)
+        if reason is not None:
+            skipped[key] = reason
+            continue
+        try:
+            timings[key] = time_site(m, device)
+        except Exception as exc:  # emit refused, a kernel failed to compile or to capture
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            skipped[key] = f"{type(exc).__name__}: {first}"[:200]
+    return SiteProbe(timings, skipped)

@@ -1,0 +1,106 @@
+"""Sites timed fused vs captured on the analysis device (advisor/runtime/site_probe.py).
+
+The CPU cannot time the fused side (Triton's interpreter), so these tests check the
+machinery — which sites are probed, the extracted graphs run on the probe's inputs, the
+weights laid out as apply lays them, the timings flow into the candidates — and leave
+the numbers to the H200 (benchmarks/next_gpu_session.sh, stage tune: analyze)."""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from advisor.graph.candidates import Costs, candidates, matches_of  # noqa: E402
+from advisor.graph.capture import capture  # noqa: E402
+from advisor.kernels.merged_linear import adjacent_view  # noqa: E402
+from advisor.loader import build, inputs_for, load_model_file  # noqa: E402
+from advisor.runtime import site_probe  # noqa: E402
+from advisor.runtime.rewrite import extract  # noqa: E402
+
+COSTS = Costs(launch_us=8.0, copy_gbps=4000.0)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def matches():
+    mf = load_model_file("examples/tiny_llama.py")
+    model = build(mf, CPU, torch.float32)
+    return matches_of(capture(model, inputs_for(mf, 5, 1, CPU)))
+
+
+def test_off_cuda_nothing_is_timed_and_the_reason_is_kept(matches):
+    probe = site_probe.probe_sites(matches, CPU)
+    assert probe.timings == {} and probe.skipped
+    assert all("CUDA" in why for why in probe.skipped.values())
+    assert all(probe.saving_ms(m) is None and "CUDA" in probe.reason(m) for m in matches)
+
+
+def test_merges_and_shared_sites_are_left_to_their_own_pricing(matches):
+    cuda = torch.device("cuda")
+    for m in matches:
+        why = site_probe.skip_reason(m, cuda)
+        if m.kernel == "merged_linear":
+            assert "merge_probe" in why
+        elif m.shared:
+            assert "shares" in why
+        elif m.kernel is not None:
+            assert why is None
+
+
+def test_time_site_runs_both_spellings_on_the_probe_inputs(matches):
+    """Each probed family's captured and fused graphs run on the random inputs (here on
+    the CPU, through the interpreter: times are not meaningful, only present)."""
+    seen = set()
+    for m in matches:
+        if m.family in seen or site_probe.skip_reason(m, torch.device("cuda")) is not None:
+            continue
+        seen.add(m.family)
+        t = site_probe.time_site(m, CPU)
+        assert t.unfused_ms > 0 and t.fused_ms > 0
+        assert t.saving_ms == pytest.approx(t.unfused_ms - t.fused_ms)
+    assert {"rms_norm", "add_rms_norm"} & seen and len(seen) >= 3
+
+
+def test_weight_lists_are_adjacent_as_apply_lays_them(matches):
+    norm_linear = [m for m in matches if len(m.operands.get("weights", [])) > 1
+                   and m.kernel != "merged_linear"]
+    assert norm_linear, "tiny_llama has norm -> q/k/v sites"
+    m = norm_linear[0]
+    _, inputs, _ = extract(m)
+    (args,) = site_probe._arg_sets(m, inputs, 1, seed=0)
+    ws = [args[inputs.index(w)] for w in m.operands["weights"]]
+    assert adjacent_view(ws) is not None
+    two = site_probe._arg_sets(m, inputs, 2, seed=0)
+    assert not torch.equal(two[0][0], two[1][0])  # copies are distinct (no L2 reuse)
+
+
+def test_probe_timings_price_the_candidates(matches):
+    """A probe's timings become device_saving_ms; a family with an untimed site keeps
+    the launch + bytes price and says why."""
+    fixed = {"rms_norm": 0.004, "add_rms_norm": 0.002}
+
+    def measured(m):
+        return fixed.get(m.family)
+
+    def unmeasured(m):
+        return "skipped in this test"
+    cands = {c.family: c for c in candidates(matches, COSTS, measured, unmeasured)}
+    for fam, per_site in fixed.items():
+        if fam in cands:
+            assert cands[fam].device_saving_ms == pytest.approx(per_site * cands[fam].count)
+            assert cands[fam].probe_note == ""
+    others = [c for f, c in cands.items() if f not in fixed]
+    assert others and all(c.device_saving_ms is None and c.probe_note == "skipped in this test"
+                          for c in others)
+
+
+def test_a_failing_site_is_skipped_with_its_error(matches, monkeypatch):
+    def boom(m, device, seed=0):
+        raise RuntimeError("kernel failed to compile\nsecond line")
+    monkeypatch.setattr(site_probe, "time_site", boom)
+    monkeypatch.setattr(site_probe, "skip_reason", lambda m, device: None)
+    probe = site_probe.probe_sites(matches, CPU)
+    assert probe.timings == {}
+    assert all(why == "RuntimeError: kernel failed to compile" for why in probe.skipped.values())
