@@ -90,19 +90,19 @@ def find_candidates(model: torch.nn.Module, inputs: Any, ceilings: Ceilings,
 def analyze_shape(mf: ModelFile, model: torch.nn.Module, seq_len: int, batch: int,
                   device: torch.device, dtype: torch.dtype, ceilings: Ceilings, *,
                   iters: int = 5, trace_path: Path | None = None,
-                  phase: str = "prefill") -> ShapeAnalysis:
+                  phase: str = "prefill", probe: bool = True) -> ShapeAnalysis:
     """seq_len is the prompt length (prefill) or the KV-cache context length (decode)."""
     inputs = inputs_for(mf, seq_len, batch, device, phase=phase, dtype=dtype)
     checked_forward(mf, model, inputs)  # a raising forward is one clear error, first
     budget = profile_model(model, inputs, device, dtype, ceilings=ceilings, iters=iters,
                            trace_path=trace_path)
     return ShapeAnalysis(seq_len, budget, verdict(budget), gpu_busy_fraction(budget),
-                         find_candidates(model, inputs, ceilings, device))
+                         find_candidates(model, inputs, ceilings, device if probe else None))
 
 
 def analyze(mf: ModelFile, shapes: tuple[int, ...], batch: int, device: torch.device,
             dtype: torch.dtype, ceilings: Ceilings, *, iters: int = 5,
-            trace_dir: Path | None = None, phase: str = "prefill") -> Analysis:
+            trace_dir: Path | None = None, phase: str = "prefill", probe: bool = True) -> Analysis:
     from advisor.env import environment
 
     model = build(mf, device, dtype)
@@ -110,7 +110,7 @@ def analyze(mf: ModelFile, shapes: tuple[int, ...], batch: int, device: torch.de
     for seq_len in shapes:
         trace = trace_dir / f"trace-{seq_len}.json" if trace_dir else None
         results.append(analyze_shape(mf, model, seq_len, batch, device, dtype, ceilings,
-                                     iters=iters, trace_path=trace, phase=phase))
+                                     iters=iters, trace_path=trace, phase=phase, probe=probe))
     return Analysis(str(mf.path), str(device), str(dtype).replace("torch.", ""), batch,
                     environment(device), ceilings, tuple(results), phase)
 

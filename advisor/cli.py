@@ -51,6 +51,9 @@ def analyze(
     json_path: Annotated[Path | None, typer.Option("--json", help="write the analysis JSON here")] = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="folder for Chrome/Perfetto traces")] = None,
     phase: PhaseOpt = "prefill",
+    probe: Annotated[bool, typer.Option(
+        "--probe/--no-probe",
+        help="time each distinct fusion site fused and unfused on the device")] = True,
 ) -> None:
     """Where does the time go, and what should be fused? Budget + ranked candidates."""
     from advisor.analyze import analyze as run
@@ -66,7 +69,8 @@ def analyze(
     ceilings = load_or_measure(dev)
     if trace is not None:
         trace.mkdir(parents=True, exist_ok=True)
-    result = run(mf, lengths, batch, dev, dt, ceilings, iters=iters, trace_dir=trace, phase=phase)
+    result = run(mf, lengths, batch, dev, dt, ceilings, iters=iters, trace_dir=trace, phase=phase,
+                 probe=probe)
     render_analysis(result, stdout, top=top)
     if json_path is not None:
         write_json_atomic(json_path, to_json(result))

@@ -104,3 +104,20 @@ def test_a_failing_site_is_skipped_with_its_error(matches, monkeypatch):
     probe = site_probe.probe_sites(matches, CPU)
     assert probe.timings == {}
     assert all(why == "RuntimeError: kernel failed to compile" for why in probe.skipped.values())
+
+
+def test_analyze_probe_switch():
+    """`advisor analyze --no-probe` prices by launches and bytes only; with the probe on the
+    CPU, merges are timed and the other families say why they were not."""
+    from advisor.analyze import analyze, to_json
+    from advisor.profile.ceilings import Ceilings
+
+    mf = load_model_file("examples/tiny_llama.py")
+    ceil = Ceilings(device_name="cpu", device_type="cpu", copy_gbps=4000.0, matmul_tflops={"float32": 1.0},
+                    launch_us=8.0, graph_launch_us=None, env={}, measured_at="", method="test")
+    off = analyze(mf, (5,), 1, CPU, torch.float32, ceil, iters=1, probe=False)
+    assert all(c.device_saving_ms is None and c.probe_note == "" for c in off.shapes[0].candidates)
+    on = to_json(analyze(mf, (5,), 1, CPU, torch.float32, ceil, iters=1))
+    cands = {c["family"]: c for c in on["shapes"][0]["candidates"]}
+    assert cands["qkv_merge"]["device_saving_ms"] is not None
+    assert cands["rms_norm"]["device_saving_ms"] is None and "CUDA" in cands["rms_norm"]["probe_note"]
