@@ -37,16 +37,32 @@ def test_off_cuda_nothing_is_timed_and_the_reason_is_kept(matches):
     assert all(probe.saving_ms(m) is None and "CUDA" in probe.reason(m) for m in matches)
 
 
-def test_merges_and_shared_sites_are_left_to_their_own_pricing(matches):
+def test_only_merges_are_left_to_their_own_probe(matches):
     cuda = torch.device("cuda")
     for m in matches:
         why = site_probe.skip_reason(m, cuda)
         if m.kernel == "merged_linear":
             assert "merge_probe" in why
-        elif m.shared:
-            assert "shares" in why
         elif m.kernel is not None:
             assert why is None
+
+
+def test_shared_nodes_are_computed_on_both_sides():
+    """transformers' decode step: every layer's attention reads one causal mask built from
+    the cache position (Match.shared). Both spellings output the shared nodes, so the
+    site's saving does not count the mask once per layer."""
+    mf = load_model_file("examples/llama_hf.py")
+    model = build(mf, CPU, torch.float32)
+    found = matches_of(capture(model, inputs_for(mf, 12, 1, CPU, phase="decode", dtype=torch.float32)))
+    shared = [m for m in found if m.shared and m.kernel is not None]
+    assert shared, "the static cache's mask is shared by the attention sites"
+    m = shared[0]
+    ref, _, _ = extract(m, keep=m.shared)
+    plain, _, _ = extract(m)
+    n_out = lambda gm: len(next(n for n in gm.graph.nodes if n.op == "output").args[0])  # noqa: E731
+    assert n_out(ref) == n_out(plain) + len([n for n in m.shared if n not in m.outputs.values()])
+    t = site_probe.time_site(m, CPU)
+    assert t.unfused_ms > 0 and t.fused_ms > 0
 
 
 def test_time_site_runs_both_spellings_on_the_probe_inputs(matches):

@@ -86,9 +86,10 @@ def random_like(node: fx.Node, gen: torch.Generator, slots: int | None = None,
     return randn_nonzero(shape, t.dtype, t.device, gen)
 
 
-def extract(m: Match) -> tuple[fx.GraphModule, list[fx.Node], Match]:
+def extract(m: Match, keep: tuple[fx.Node, ...] = ()) -> tuple[fx.GraphModule, list[fx.Node], Match]:
     """The match as a standalone graph: placeholders for its external inputs, outputs for
-    its outputs; returns the graph, the original input nodes and the match remapped."""
+    its outputs (then `keep`, nodes of the match to keep alive); returns the graph, the
+    original input nodes and the match remapped."""
     graph, env = fx.Graph(), {}
     inputs = m.external_inputs()
     for node in inputs:
@@ -96,7 +97,7 @@ def extract(m: Match) -> tuple[fx.GraphModule, list[fx.Node], Match]:
         env[node].meta = dict(node.meta)
     for node in sorted(m.nodes, key=_order(m)):
         env[node] = graph.node_copy(node, lambda a: env[a])
-    outs = list(m.outputs.values())
+    outs = list(m.outputs.values()) + [n for n in keep if n not in m.outputs.values()]
     graph.output(tuple(env[o] for o in outs))
     remap = lambda v: env.get(v, v) if isinstance(v, fx.Node) else (
         [remap(x) for x in v] if isinstance(v, list) else v)

@@ -15,10 +15,13 @@ each over enough random input copies to exceed twice the L2, in one CUDA graph
 model gains. Weights a kernel reads as one matrix are laid out back to back, as apply
 lays them (runtime/weights.py), so neither side pays a per-call concatenation.
 
+Nodes a site shares with other sites (Match.shared: one causal mask read by every
+layer's attention) are outputs of both spellings, so both compute them and the site's
+saving does not count them once per layer (the candidates do not price them either).
+
 Not probed (left to the launch + bytes price, with the reason kept): merges (their own
-probe, profile/merge_probe.py), sites whose nodes other sites share (Match.shared: the
-subgraph would price the shared mask once per layer), anything off CUDA (the fused side
-would run Triton's interpreter), and a site whose emit or kernel fails.
+probe, profile/merge_probe.py), anything off CUDA (the fused side would run Triton's
+interpreter), and a site whose emit or kernel fails.
 """
 
 from __future__ import annotations
@@ -73,8 +76,6 @@ def skip_reason(m: Match, device: torch.device) -> str | None:
         return "no kernel"
     if m.kernel == MERGE_KERNEL:
         return "merges are timed by profile/merge_probe.py"
-    if m.shared:
-        return "shares nodes with other sites"
     return None
 
 
@@ -105,8 +106,10 @@ def time_site(m: Match, device: torch.device | str, seed: int = 0) -> SiteTiming
     """Device ms per site of the captured subgraph and of the fused op (module doc)."""
     device = torch.device(device)
     all_kernels()  # importing the kernel modules registers their custom ops
-    ref_gm, inputs, _ = extract(m)
-    fused_gm, _, local = extract(m)
+    # Nodes other sites read too (one mask, every layer) are outputs of both spellings:
+    # computed on both sides, so not priced into this site's saving (Match.shared).
+    ref_gm, inputs, _ = extract(m, keep=m.shared)
+    fused_gm, _, local = extract(m, keep=m.shared)
     emit(fused_gm.graph, local, DEFAULT_CONFIG)
     fused_gm.graph.eliminate_dead_code()
     use_direct_calls(fused_gm)
