@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from advisor.graph.capture import fake
 from advisor.graph.match import Match
-from advisor.profile.replay import copies_past_l2, device_ms
+from advisor.profile.replay import CaptureFailed, copies_past_l2, device_ms
 
 MERGE_KERNEL = "merged_linear"
 
@@ -110,4 +110,12 @@ def time_merge(s: MergeShape, device: torch.device | str) -> MergeTiming:
 def probe_merges(matches: Iterable[Match], device: torch.device | str) -> dict[MergeShape, MergeTiming]:
     """Each distinct merge shape among `matches`, timed once on `device`."""
     shapes = dict.fromkeys(s for m in matches if (s := merge_shape(m)) is not None)
-    return {s: time_merge(s, device) for s in shapes}
+    out: dict[MergeShape, MergeTiming] = {}
+    for s in shapes:  # a shape that cannot be timed keeps the launch + bytes price
+        try:
+            out[s] = time_merge(s, device)
+        except CaptureFailed:
+            break
+        except Exception:
+            continue
+    return out

@@ -21,6 +21,10 @@ COPIES_MAX = 16
 REPS = 20                   # CUDA replays (median); the CPU takes 3
 
 
+class CaptureFailed(RuntimeError):
+    """A capture or replay failed: the device may be left unusable; stop probing."""
+
+
 def copies_past_l2(set_bytes: int, device: torch.device) -> int:
     """How many copies of a `set_bytes` input set exceed twice the device's L2 (1 on CPU)."""
     if device.type != "cuda":
@@ -32,17 +36,27 @@ def copies_past_l2(set_bytes: int, device: torch.device) -> int:
 
 def graph_ms(run: Callable[[], None], device: torch.device, reps: int = REPS) -> float:
     """Median device ms of one replay of a CUDA graph of `run`."""
+    prev = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device=device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):  # warm up off the capture stream (compiles, workspaces)
-        for _ in range(2):
-            run()
-    torch.cuda.current_stream(device).wait_stream(side)
+    side.wait_stream(prev)
+    mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")  # a host sync cannot be captured: fail here
+    try:
+        with torch.cuda.stream(side):  # warm up off the capture stream (compiles, workspaces)
+            for _ in range(2):
+                run()
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
+    prev.wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    graph.replay()
-    torch.cuda.synchronize(device)
+    try:
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            run()
+        graph.replay()
+        torch.cuda.synchronize(device)
+    except Exception as exc:
+        torch.cuda.set_stream(prev)  # a failed capture_end leaves the capture stream current
+        raise CaptureFailed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
     pairs = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

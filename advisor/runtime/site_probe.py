@@ -36,7 +36,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from advisor.graph.match import Match
 from advisor.kernels.registry import all_kernels
 from advisor.profile.merge_probe import MERGE_KERNEL
-from advisor.profile.replay import copies_past_l2, device_ms
+from advisor.profile.replay import CaptureFailed, copies_past_l2, device_ms
 from advisor.runtime.direct import use_direct_calls
 from advisor.runtime.emit import emit
 from advisor.runtime.rewrite import extract, random_like, site_signature
@@ -132,16 +132,19 @@ def probe_sites(matches: Iterable[Match], device: torch.device | str) -> SitePro
     device = torch.device(device)
     timings: dict[tuple, SiteTiming] = {}
     skipped: dict[tuple, str] = {}
+    stopped = ""
     for m in matches:
         key = site_signature(m, DEFAULT_CONFIG)
         if key in timings or key in skipped:
             continue
-        reason = skip_reason(m, device)
+        reason = f"probing stopped after a failed capture: {stopped}" if stopped else skip_reason(m, device)
         if reason is not None:
             skipped[key] = reason
             continue
         try:
             timings[key] = time_site(m, device)
+        except CaptureFailed as exc:  # later captures may fail for this one's sake
+            stopped = skipped[key] = f"CaptureFailed: {exc}"[:200]
         except Exception as exc:  # emit refused, a kernel failed to compile or to capture
             first = str(exc).splitlines()[0] if str(exc) else ""
             skipped[key] = f"{type(exc).__name__}: {first}"[:200]
