@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from advisor.errors import one_line
 from advisor.runtime.plan import PLAN_FLAGS, Plan
 
 
@@ -47,7 +48,6 @@ def ablation_rows(shape: int, plan: Plan, plan_ms: float,
             ms = time_plan(without)
             row.update(without_ms=ms, measured_saving_ms=ms - plan_ms)
         except Exception as exc:  # a plan that fails here is a result, not a crash
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            row.update(without_ms=None, measured_saving_ms=None, error=f"{type(exc).__name__}: {first}")
+            row.update(without_ms=None, measured_saving_ms=None, error=one_line(exc))
         rows.append(row)
     return rows

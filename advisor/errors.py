@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def one_line(exc: BaseException) -> str:
+    """`Type: first line of the message`: how a caught failure is recorded in a result."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 class AdvisorError(Exception):
     """A problem with the user's input or environment, reported as one line."""
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from advisor.errors import one_line
 from advisor.state import Snapshot
 
 MAX_GRAPHS = 8
@@ -144,7 +145,7 @@ class GraphCache:
             captured = _Captured(self.fn, args, kwargs)
         except Exception as exc:  # capture can fail (host sync inside forward): no graph
             self.failed.add(key)
-            self.failures.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            self.failures.append(one_line(exc))
             return self.fn(*args, **kwargs)
         self.state_of[key] = captured.state
         self.graphs[(key, _state_pointers(flat, captured.state))] = captured

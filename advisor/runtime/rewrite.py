@@ -20,6 +20,7 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from advisor.errors import one_line
 from advisor.graph.capture import fake, hint
 from advisor.graph.cse import eliminate_common_subexpressions
 from advisor.graph.inplace import batch_input_increments, write_inputs_in_place
@@ -300,5 +301,4 @@ def _confirm_or_reason(m: Match, config: str) -> float | str:
     except EmitError as exc:
         return str(exc)
     except Exception as exc:  # a kernel that fails to compile or run
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        return f"{type(exc).__name__}: {first}"
+        return one_line(exc)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from advisor.errors import one_line
 from advisor.graph.match import Match
 from advisor.kernels.registry import all_kernels
 from advisor.profile.merge_probe import MERGE_KERNEL
@@ -146,6 +147,5 @@ def probe_sites(matches: Iterable[Match], device: torch.device | str) -> SitePro
         except CaptureFailed as exc:  # later captures may fail for this one's sake
             stopped = skipped[key] = f"CaptureFailed: {exc}"[:200]
         except Exception as exc:  # emit refused, a kernel failed to compile or to capture
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            skipped[key] = f"{type(exc).__name__}: {first}"[:200]
+            skipped[key] = one_line(exc)[:200]
     return SiteProbe(timings, skipped)
