@@ -4,11 +4,12 @@
 #   carry [".whl"] (../shared/tools/prep-device-wheels.sh) and ADVISOR_GIT_SHA set:
 #   ADVISOR_GIT_SHA=$(git rev-parse --short HEAD) bash benchmarks/next_gpu_session.sh tune
 # Stages:
-#   tune    gated_act's new default at 2048/8192; analyze at 1/512 (the merge probe's CUDA
-#           path, first run); a tune seeded per bucket (3cc3c88) -> $OUT/llama_hf-h200.json
+#   tune    analyze at 1/512 (the merge and site probes' first CUDA run); a tune seeded per
+#           bucket (3cc3c88) -> $OUT/llama_hf-h200.json
 #   bench   RECIPE (default the committed one; pass tune's output) vs eager and both
 #           torch.compile modes at 1/128/512/2048: latency, kernels, cold start fields
-#   ablate  each family of RECIPE toggled at 1/512, for predicted-vs-measured savings
+#   ablate  each family of RECIPE toggled at 1/512, for predicted-vs-measured savings; then
+#           issue 3's memory-bound kernels at 2048/8192 with their default configs
 set -u
 stage=${1:?stage: tune, bench or ablate}
 RECIPE=${RECIPE:-recipes/llama_hf-h200.json}
@@ -19,28 +20,28 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt"
 model=examples/llama_hf.py
 case $stage in
 tune)
-  timeout 90 python3 benchmarks/bench_kernels.py --kernels gated_act --tokens 2048,8192 \
-    --sweep 0 > "$OUT/kernels.log" 2>&1
-  mv "$OUT/kernels.json" "$OUT/kernels-gated-default.json"
   timeout 140 python3 -m advisor.cli analyze $model --shapes 1,512 \
     --json "$OUT/analysis.json" > "$OUT/analyze.log" 2>&1
   echo "analyze rc=$?" >> "$OUT/analyze.log"
-  # 270 s of search, 350 s hard stop: the journal keeps finished trials past a kill
-  timeout 350 python3 -m advisor.cli tune $model --shapes 1,128,512,2048 --trials 4 \
-    --time-budget 270 --seed-plan "$RECIPE" \
+  # 330 s of search, 420 s hard stop: the journal keeps finished trials past a kill
+  timeout 420 python3 -m advisor.cli tune $model --shapes 1,128,512,2048 --trials 4 \
+    --time-budget 330 --seed-plan "$RECIPE" \
     --seed-plan recipes/prefill-light-attention-cudagraph.plan.json \
     --seed-plan recipes/decode-swiglu-table-pdl-cudagraph.plan.json \
     --out "$OUT/llama_hf-h200.json" > "$OUT/tune.log" 2>&1
   echo "tune rc=$?" >> "$OUT/tune.log"
-  tail -4 "$OUT/kernels.log" "$OUT/analyze.log"; tail -30 "$OUT/tune.log" ;;
+  tail -4 "$OUT/analyze.log"; tail -30 "$OUT/tune.log" ;;
 bench)
   timeout 570 python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes 1,128,512,2048 \
     --compile default,reduce-overhead --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?" >> "$OUT/bench.log"; tail -40 "$OUT/bench.log" ;;
 ablate)
-  timeout 450 python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes 1,512 \
+  timeout ${ABLATE_S:-400} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes 1,512 \
     --compile none --ablate --json "$OUT/ablate.json" > "$OUT/ablate.log" 2>&1
   echo "ablate rc=$?" >> "$OUT/ablate.log"
-  tail -40 "$OUT/ablate.log" ;;  # then, here: advisor report --analysis … --bench ablate.json
+  timeout ${KERNELS_S:-150} python3 benchmarks/bench_kernels.py --tokens 2048,8192 --sweep 0 \
+    --kernels rms_norm,add_rms_norm,layer_norm,add_layer_norm,gated_act,gated_act_merged,bias_act,rope_qk,rope_qk_cache \
+    > "$OUT/kernels.log" 2>&1
+  tail -40 "$OUT/ablate.log"; tail -20 "$OUT/kernels.log" ;;  # then, here: advisor report --analysis … --bench ablate.json
 *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
