@@ -260,41 +260,77 @@ def test_flat_matches_reference_every_element_written(shape, dtype, cfg):
 
 
 def test_flat_int64_offsets():
-    """int64 offsets from 2^31 elements on (shapes only: meta tensors); the int64 code
-    path itself, forced on a small problem, computes the same."""
+    """int64 offsets from 2^31 elements on, of the output or of the merged input's rows
+    (shapes only: meta tensors); the int64 code path itself, forced on a small problem,
+    computes the same."""
     for numel, wide in ((2**31 - 4096, False), (2**31 - 4095, True), (2**31 + 1, True)):
         g = torch.empty(1, numel, device="meta")
         _, _, meta, _ = ga._prepare(g, g, g, "silu", FLAT_B, flat=True)
-        assert meta["INT64"] == wide, numel
+        assert meta["INT64"] == wide and not meta["SPLIT"], numel
+    for rows, wide in ((2**31 // 8192 - 1, False), (2**31 // 8192, True)):  # gu rows of 2·4096
+        gu = torch.empty(rows, 2 * 4096, device="meta")
+        _, _, meta, _ = ga._prepare(*ga._split_merged(gu), torch.empty(rows, 4096, device="meta"),
+                                    "silu", FLAT_B, flat=True)
+        assert meta["SPLIT"] and meta["INT64"] == wide, rows
     gate, up = _pair((3, 1000), torch.float32, seed=6)
     out = nan_filled((3, 1000), torch.float32, gate.device)
-    ga._gated_act_flat_kernel[(6,)](gate, up, out, 3000, ACT=0, BLOCK=512, EVEN=False,
-                                    INT64=True, GDC=False)
+    ga._gated_act_flat_kernel[(6,)](gate, up, out, 3000, 1000, 1000, ACT=0, BLOCK=512, EVEN=False,
+                                    INT64=True, SPLIT=False, GDC=False)
     assert_close(out, ga.reference(gate, up, "silu"))
 
 
-def test_default_is_flat_only_for_large_contiguous_problems():
-    """The measured crossover (ga.default's docstring): 2048 x 14336 contiguous runs flat,
-    the same shape strided and small problems keep the tile default."""
+def test_default_is_flat_only_for_large_problems_of_one_row_stride():
+    """The measured crossover (ga.default's docstring): 2048 x 14336 of one row stride runs
+    flat, other strides and small problems keep the tile default."""
     big_flat = ga.SPACE.default(ga._problem(2048, 14336, torch.bfloat16, True))
     assert big_flat["LAYOUT"] == ga.FLAT and big_flat["EVICT"] == 1
     assert ga.SPACE.default(ga._problem(2048, 14336, torch.bfloat16, False))["LAYOUT"] == ga.TILES
     assert ga.SPACE.default(ga._problem(128, 14336, torch.bfloat16, True))["LAYOUT"] == ga.TILES
+    gu = torch.empty(2048, 2 * 14336, dtype=torch.bfloat16, device="meta")
+    assert get("gated_act_merged").default_config(gu, "silu")["LAYOUT"] == ga.FLAT
 
 
-def test_flat_only_where_contiguous():
-    """Strided halves (and the merged form) keep only tiles: a flat config there runs the
-    default tile config (ConfigSpace.resolve), correctly."""
-    gu = randn_nonzero((4, 2 * 512), torch.bfloat16, "cpu", torch.Generator().manual_seed(7))
+@pytest.mark.parametrize("shape", [(3, 2 * 1000), (1, 2 * 4095), (2, 3, 2 * 512)])  # ragged, one row, even 3-D
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cfg", [FLAT_A, FLAT_B], ids=["512x4w-nohint", "4096x8w-evict_first"])
+def test_flat_split_merged_halves(shape, dtype, cfg):
+    """The halves of a merged [gate | up] (and the same halves passed as two chunks) run the
+    flat kernel with SPLIT (row·stride + col offsets), write every output element and
+    nothing past it."""
+    gen = torch.Generator().manual_seed(8)
+    gu = randn_nonzero(shape, dtype, "cpu", gen, 3.0)
+    gate, up = gu.chunk(2, dim=-1)
+    n, numel = gate.shape[-1], gate.numel()
+    kernel, args, meta, _ = ga._prepare(*ga._split_merged(gu), torch.empty(numel // n, n, dtype=dtype),
+                                        "silu", cfg, flat=True)
+    assert kernel is ga._gated_act_flat_kernel and args[-1] == 2 * n
+    assert meta["SPLIT"] == (numel > n) and not meta["INT64"]
+    want = ga.reference(gate, up, "silu")
+    for launch in (lambda out: ga.launch_gated_act_merged(gu, "silu", cfg, out=out),
+                   lambda out: ga.launch_gated_act(gate, up, "silu", cfg, out=out)):
+        buf = nan_filled((numel + 100,), dtype, gu.device)
+        out = buf[:numel].view(gate.shape)
+        assert launch(out) is out
+        assert_close(out, want)
+        assert torch.isnan(buf[numel:]).all()
+
+
+def test_flat_only_where_gate_and_up_share_a_row_stride():
+    """gate and up laid out differently (one contiguous, one a strided half) keep only
+    tiles: a flat config there runs the default tile config (ConfigSpace.resolve),
+    correctly; halves of one merged tensor may run flat."""
+    gen = torch.Generator().manual_seed(7)
+    gu = randn_nonzero((4, 2 * 512), torch.bfloat16, "cpu", gen)
     gate, up = gu.chunk(2, dim=-1)  # (4, 512) views, row stride 1024
+    up_c = up.contiguous()
     for cfg in (FLAT_A, FLAT_B):
-        kernel, _, meta, _ = ga._prepare(*ga._split_merged(gu), torch.empty(4, 512), "silu", cfg)
+        kernel, _, meta, _ = ga._prepare(ga.as_rows(gate, 512), up_c, torch.empty(4, 512), "silu", cfg)
         assert kernel is ga._gated_act_kernel and meta["EVICT"] == "evict_first"
-        want = ga.reference(gate, up, "silu")
-        assert_close(ga.launch_gated_act(gate, up, "silu", cfg), want)
-        assert_close(ga.launch_gated_act_merged(gu, "silu", cfg), want)
-    assert get("gated_act").problem(gate, up, "silu")["flat"] is False
-    assert get("gated_act").problem(gate.contiguous(), up.contiguous(), "silu")["flat"] is True
+        assert_close(ga.launch_gated_act(gate, up_c, "silu", cfg), ga.reference(gate, up_c, "silu"))
+    assert get("gated_act").problem(gate, up_c, "silu")["flat"] is False
+    assert get("gated_act").problem(gate, up, "silu")["flat"] is True
+    assert get("gated_act").problem(gate.contiguous(), up_c, "silu")["flat"] is True
+    assert get("gated_act_merged").problem(gu, "silu")["flat"] is True
 
 
 def test_config_without_new_axes_is_the_old_behaviour():

@@ -8,7 +8,7 @@ The MLP of Llama/Mistral/Qwen computes `down(act(gate(x)) * up(x))`. Eager torch
     saved         = 2 · rows · N · elt  (Llama-3-8B, N=14336, bf16: 57 KB per token), 1 launch.
 
 `gated_act_merged` reads a merged projection output `gu = [gate | up]` of width 2N (Phi-3's
-`gate_up_proj`, vLLM's `MergedColumnParallelLinear`) with the same kernel: the halves are
+`gate_up_proj`, vLLM's `MergedColumnParallelLinear`) with the same kernels: the halves are
 strided views, so `torch.chunk` costs no copy.
 
 The activation math (`silu`, `gelu_erf`, `gelu_tanh`, `relu`, `apply_activation`) and its
@@ -24,10 +24,12 @@ Llama width at the usual token counts), and `evict_first` on the inputs, which a
 Two more axes of the config space (`SPACE`), for issue 3 (Inductor's 1-D kernel beat every
 2-D tile by 3-7% at 2048-8192 tokens on the H200):
   LAYOUT  1 = 2-D tiles (`_gated_act_kernel`, any row stride: the merged form's halves);
-          2 = flat (`_gated_act_flat_kernel`): gate, up, out contiguous, each program takes
-          BLOCK_N consecutive elements of the flattened numel, as Inductor's XBLOCK kernel
-          does: one contiguous span per program, no row arithmetic, no masks when BLOCK_N
-          divides numel (EVEN), int32 offsets below 2^31 elements.
+          2 = flat (`_gated_act_flat_kernel`): each program takes BLOCK_N consecutive
+          elements of the flattened output, as Inductor's XBLOCK kernel does: one contiguous
+          span per program, no masks when BLOCK_N divides numel (EVEN), int32 offsets below
+          2^31. Gate and up must share a row stride: contiguous, they are read at the
+          output's offsets; as the halves of a merged `[gate | up]` (SPLIT), at
+          `row·stride + col` with `row, col = divmod(i, N)`, as Inductor reads a chunk.
   EVICT   L2 hint on gate and up: 1 = none (Inductor's), 2 = evict_first (the default).
 A config without these axes (stored before them) means LAYOUT=1, EVICT=2 (`ConfigSpace.fill`).
 
@@ -209,14 +211,17 @@ def _gated(g, u, out_ptr, ACT: tl.constexpr, INTERP_BF16: tl.constexpr):
 
 @triton.jit
 def _gated_act_flat_kernel(
-    gate_ptr,  # (numel,) contiguous
-    up_ptr,  # (numel,) contiguous, same layout as gate
+    gate_ptr,  # (n_rows, n_cols) rows `stride_in` apart, last dim contiguous
+    up_ptr,  # (n_rows, n_cols) rows `stride_in` apart (may be the 2nd half of gate's rows)
     out_ptr,  # (numel,) contiguous; dtype = gate dtype
-    numel,
+    numel,  # n_rows · n_cols
+    n_cols,
+    stride_in,  # row stride of gate and up (n_cols when they are contiguous)
     ACT: tl.constexpr,  # activation code, see ACTIVATIONS
-    BLOCK: tl.constexpr,  # consecutive elements per program
+    BLOCK: tl.constexpr,  # consecutive output elements per program
     EVEN: tl.constexpr,  # numel % BLOCK == 0: no bounds check
-    INT64: tl.constexpr,  # numel rounded up to BLOCK reaches 2^31: int64 offsets
+    INT64: tl.constexpr,  # an offset (output or input) can reach 2^31: int64 offsets
+    SPLIT: tl.constexpr,  # stride_in != n_cols: input offset = row·stride_in + col
     GDC: tl.constexpr,  # programmatic dependent launch (_triton.pdl_launch)
     EVICT: tl.constexpr = "",  # L2 hint on gate, up (EVICTIONS)
     INTERP_BF16: tl.constexpr = False,  # round to nearest under the interpreter (cast_rn)
@@ -225,15 +230,21 @@ def _gated_act_flat_kernel(
     pid = tl.program_id(0)
     if INT64:
         pid = pid.to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,) the program's span of numel
+    offs = pid * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,) the program's span of the output
+    if SPLIT:
+        # The halves of a merged [gate | up] row: Inductor's `x1 = i // N; x0 = i % N`.
+        row = offs // n_cols
+        in_offs = row * stride_in + (offs - row * n_cols)
+    else:
+        in_offs = offs
     if EVEN:
-        g = tl.load(gate_ptr + offs, eviction_policy=EVICT)
-        u = tl.load(up_ptr + offs, eviction_policy=EVICT)
+        g = tl.load(gate_ptr + in_offs, eviction_policy=EVICT)
+        u = tl.load(up_ptr + in_offs, eviction_policy=EVICT)
         tl.store(out_ptr + offs, _gated(g, u, out_ptr, ACT, INTERP_BF16))
     else:
         mask = offs < numel
-        g = tl.load(gate_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT)
-        u = tl.load(up_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT)
+        g = tl.load(gate_ptr + in_offs, mask=mask, other=0.0, eviction_policy=EVICT)
+        u = tl.load(up_ptr + in_offs, mask=mask, other=0.0, eviction_policy=EVICT)
         tl.store(out_ptr + offs, _gated(g, u, out_ptr, ACT, INTERP_BF16), mask=mask)
 
 
@@ -295,8 +306,9 @@ FLAT_WARPS = (4, 8)  # 512..4096 elements over 128 or 256 threads: 2..32 per thr
 
 def keep(cfg: Config, problem: Problem) -> bool:
     """Tiles as `keep_tile`, any hint; flat configs only where the launcher can run them:
-    gate, up, out contiguous alike (problem["flat"]), one row of BLOCK_N elements (BLOCK_M
-    = 1), no wider than the problem. A problem without "flat" is taken as strided."""
+    gate and up rows one stride apart alike (problem["flat"]: contiguous, or the halves of
+    a merged tensor), one row of BLOCK_N elements (BLOCK_M = 1), no wider than the problem.
+    A problem without "flat" is taken as strided."""
     if cfg.get("LAYOUT", TILES) == TILES:
         return keep_tile(cfg, problem)
     numel = _pow2(problem["n_rows"] * problem["n_cols"])
@@ -309,11 +321,12 @@ FLAT_DEFAULT_FROM = 1 << 24  # elements: flat wins from here (H200, session 11, 
 
 
 def default(problem: Problem) -> Config:
-    """Flat, 1024 elements over 4 warps, no L2 hint, for large contiguous problems: at
-    2048 x 14336 bf16 on the H200 (results/h200-s11A-kernels-gated-flat.json) it ran 42.2 µs
-    against 45.0 for the tile default and 42.2 for torch.compile's kernel. Below 2^24
-    elements, or strided, the tile default with evict_first (what ran before the flat
-    layout; smaller flat problems were not measured)."""
+    """Flat, 1024 elements over 4 warps, no L2 hint, for large problems whose gate and up
+    share a row stride: at 2048 x 14336 bf16 on the H200 (results/h200-s11A-kernels-gated-
+    flat.json) the contiguous form ran 42.2 µs against 45.0 for the tile default and 42.2
+    for torch.compile's kernel; the merged form (SPLIT) is predicted the same (its best tile
+    ran 42.9 there). Below 2^24 elements, or other strides, the tile default with
+    evict_first (what ran before the flat layout; smaller flat problems were not measured)."""
     if problem.get("flat", False) and problem["n_rows"] * problem["n_cols"] >= FLAT_DEFAULT_FROM:
         return {"BLOCK_M": 1, "BLOCK_N": 1024, "num_warps": 4, "LAYOUT": FLAT, "EVICT": 1}
     return {**default_tile(problem), "LAYOUT": TILES, "EVICT": 2}
@@ -384,18 +397,22 @@ INT32_SPAN = 2**31  # flat offsets pid·BLOCK + i (< numel rounded up to BLOCK) 
 def _prepare(gate2: torch.Tensor, up2: torch.Tensor, out2: torch.Tensor, activation: str,
              config: Mapping[str, int] | None,
              flat: bool = False) -> tuple[Any, tuple, dict[str, Any], tuple[int]]:
-    """Kernel, arguments, constexprs and grid for 2-D row views (rows, N) of gate, up, out.
-    `flat`: the three are contiguous alike, so flat configs are kept for this problem."""
+    """Kernel, arguments, constexprs and grid for 2-D row views (rows, N) of gate, up, out
+    (out contiguous). `flat`: gate2 and up2 share a row stride, so flat configs are kept."""
     n_rows, n_cols = gate2.shape
     cfg = SPACE.resolve(config, _problem(n_rows, n_cols, gate2.dtype, flat))
     meta: dict[str, Any] = {"ACT": activation_code(activation), "num_warps": cfg["num_warps"],
                             "EVICT": EVICTIONS[cfg["EVICT"]],
                             "INTERP_BF16": interpreting() and out2.dtype == torch.bfloat16}
     if cfg["LAYOUT"] == FLAT:
-        numel, block = n_rows * n_cols, cfg["BLOCK_N"]
-        meta.update(BLOCK=block, EVEN=numel % block == 0,
-                    INT64=triton.cdiv(numel, block) * block >= INT32_SPAN)
-        return _gated_act_flat_kernel, (gate2, up2, out2, numel), meta, (triton.cdiv(numel, block),)
+        numel, block, stride = n_rows * n_cols, cfg["BLOCK_N"], gate2.stride(0)
+        span = triton.cdiv(numel, block) * block  # output offsets, the masked tail's included
+        split = n_rows > 1 and stride != n_cols
+        in_span = n_rows * stride if split else span  # loads past it are masked off
+        meta.update(BLOCK=block, EVEN=numel % block == 0, SPLIT=split,
+                    INT64=max(span, in_span) >= INT32_SPAN)
+        args = (gate2, up2, out2, numel, n_cols, stride)
+        return _gated_act_flat_kernel, args, meta, (triton.cdiv(numel, block),)
     args = (gate2, up2, out2, n_rows, n_cols, gate2.stride(0), up2.stride(0), out2.stride(0))
     meta.update(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **even_of(cfg, n_rows, n_cols))
     return _gated_act_kernel, args, meta, grid_of(cfg, n_rows, n_cols)
@@ -420,8 +437,10 @@ def _spills_rows(gate2: torch.Tensor, up2: torch.Tensor, activation: str,
 
 
 def _flat_pair(gate: torch.Tensor, up: torch.Tensor) -> bool:
-    """gate and up contiguous (then so is the output): the flat layout can run."""
-    return gate.is_contiguous() and up.is_contiguous()
+    """gate and up laid out alike with a unit last stride (contiguous, or the two halves of
+    one merged tensor): their row views (`as_rows`) share a row stride, so the flat layout
+    can run."""
+    return gate.stride() == up.stride() and (gate.shape[-1] == 1 or gate.stride(-1) == 1)
 
 
 def _check_merged(gu: torch.Tensor) -> None:
@@ -459,7 +478,7 @@ def launch_gated_act_merged(gu: torch.Tensor, activation: str,
     out = out_buffer(gu, (*gu.shape[:-1], gu.shape[-1] // 2), out)
     if out.numel() == 0:
         return out
-    return _launch_rows(*_split_merged(gu), out, activation, config)
+    return _launch_rows(*_split_merged(gu), out, activation, config, flat=True)
 
 
 def spills_gated_act(gate: torch.Tensor, up: torch.Tensor, activation: str,
@@ -478,7 +497,7 @@ def spills_gated_act_merged(gu: torch.Tensor, activation: str,
     _check_merged(gu)
     if gu.numel() == 0:
         return None
-    return _spills_rows(*_split_merged(gu), activation, config)
+    return _spills_rows(*_split_merged(gu), activation, config, flat=True)
 
 
 # --- custom ops (compose with dynamo, torch.compile and CUDA graphs) ----------------------
@@ -531,7 +550,7 @@ def _make_inputs_merged(dims: Mapping[str, int], dtype: torch.dtype, device: tor
 
 
 def _problem(rows: int, n_cols: int, dtype: torch.dtype, flat: bool = False) -> Problem:
-    """`flat`: gate, up (and so out) contiguous alike, so LAYOUT=FLAT configs can run."""
+    """`flat`: gate and up share a row stride (`_flat_pair`), so LAYOUT=FLAT configs can run."""
     return {"n_rows": rows, "n_cols": n_cols, "dtype": str(dtype), "flat": flat}
 
 
@@ -564,7 +583,7 @@ register(KernelSpec(
     space=SPACE,
     make_inputs=_make_inputs_merged,
     problem=lambda gu, act: _problem(gu.numel() // max(gu.shape[-1], 1), gu.shape[-1] // 2,
-                                     gu.dtype),
+                                     gu.dtype, flat=True),
     bytes_moved=lambda gu, act: 3 * (gu.numel() // 2) * gu.element_size(),
     test_dims=TEST_DIMS,
     bench_dims=lambda tokens: {"rows": tokens, "n": 14336},
