@@ -8,8 +8,9 @@
 #           bucket (3cc3c88) -> $OUT/llama_hf-h200.json
 #   bench   RECIPE (default the committed one; pass tune's output) vs eager and both
 #           torch.compile modes at 1/128/512/2048: latency, kernels, cold start fields
-#   ablate  each family of RECIPE toggled at 1/512, for predicted-vs-measured savings; then
-#           issue 3's memory-bound kernels at 2048/8192 with their default configs
+#   ablate  each family of RECIPE toggled at 1/512, for predicted-vs-measured savings
+#   kernels issue 3's memory-bound kernels at 2048/8192 (default configs), then issue 6's
+#           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
 stage=${1:?stage: tune, bench or ablate}
 RECIPE=${RECIPE:-recipes/llama_hf-h200.json}
@@ -39,9 +40,15 @@ ablate)
   timeout ${ABLATE_S:-400} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes 1,512 \
     --compile none --ablate --json "$OUT/ablate.json" > "$OUT/ablate.log" 2>&1
   echo "ablate rc=$?" >> "$OUT/ablate.log"
-  timeout ${KERNELS_S:-150} python3 benchmarks/bench_kernels.py --tokens 2048,8192 --sweep 0 \
+  tail -40 "$OUT/ablate.log" ;;  # then, here: advisor report --analysis … --bench ablate.json
+kernels)
+  timeout ${MEMORY_S:-200} python3 benchmarks/bench_kernels.py --tokens 2048,8192 --sweep 0 \
     --kernels rms_norm,add_rms_norm,layer_norm,add_layer_norm,gated_act,gated_act_merged,bias_act,rope_qk,rope_qk_cache \
-    > "$OUT/kernels.log" 2>&1
-  tail -40 "$OUT/ablate.log"; tail -20 "$OUT/kernels.log" ;;  # then, here: advisor report --analysis … --bench ablate.json
+    > "$OUT/kernels-memory.log" 2>&1
+  mv "$OUT/kernels.json" "$OUT/kernels-memory.json"
+  timeout ${GEMM_S:-350} python3 benchmarks/bench_kernels.py --tokens 128,512,2048 --sweep 4 \
+    --kernels gemm_epilogue,gemm_swiglu,gemm_rmsnorm,rmsnorm_swiglu > "$OUT/kernels-gemm.log" 2>&1
+  mv "$OUT/kernels.json" "$OUT/kernels-gemm.json"
+  tail -20 "$OUT/kernels-memory.log" "$OUT/kernels-gemm.log" ;;
 *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
