@@ -79,6 +79,40 @@ def test_other_transformers_families(family):
     assert totals["compiles"] == 1 and totals["launches_after"] < totals["launches_before"]
 
 
+def test_biased_qkv_merge_reads_adjacent_biases_without_copies():
+    """Qwen2's q/k/v projections carry biases: apply lays them out back to back, like the
+    weights, so the merged GEMM reads one (ΣN,) view and copies nothing per call."""
+    from advisor.kernels import merged_linear as ml
+
+    model = tiny_hf("Qwen2")
+    x = ids(6)
+    ref = model(**x)
+    fast = apply(model, Plan(("qkv_merge",)))
+    _check_close(fast(**x), ref, torch.float32)  # first call: traces, rewrites, lays out
+    attn = model.model.layers[0].self_attn
+    biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+    assert ml.adjacent_view(biases) is not None
+    assert ml.adjacent_view([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]) is not None
+    before = ml.COPIES
+    _check_close(fast(**x), ref, torch.float32)
+    assert ml.COPIES == before
+    applied = {r["family"]: r["applied"] for r in fast.summary() if "applied" in r}
+    assert applied == {"qkv_merge": 2}
+
+
+def test_merged_bias_with_a_member_without_one():
+    """Only some members biased: zeros stand in for the others (correct, one copy)."""
+    from advisor.kernels import merged_linear as ml
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 8, generator=gen)
+    ws = [torch.randn(n, 8, generator=gen) for n in (4, 2)]
+    bs = [torch.randn(4, generator=gen), None]
+    want = torch.cat([torch.nn.functional.linear(x, w, b) for w, b in zip(ws, bs)], dim=-1)
+    torch.testing.assert_close(ml.merged_linear_impl(x, ws, bs), want)
+    torch.testing.assert_close(ml.merged_linear_impl(x, ws, [None, None]), x @ torch.cat(ws).T)
+
+
 def test_bf16_model_within_tolerance():
     model = tiny_hf("Llama", torch.bfloat16)
     ref = model(**ids(9))

@@ -48,7 +48,7 @@ class RewriteReport:
     sites: tuple[SiteResult, ...]
     launches_before: int
     launches_after: int
-    merged_weights: tuple[tuple[str, ...], ...] = ()   # parameter FQNs read as one matrix
+    merged_weights: tuple[tuple[str, ...], ...] = ()   # parameter FQNs read as one tensor
     in_place_writes: int = 0  # input (KV cache) updates put back in place
     repeats_merged: int = 0  # ops identical to an earlier one, removed (graph/cse.py)
     increments_batched: int = 0  # input counters (p += c) written by one _foreach_add_
@@ -278,8 +278,11 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
             new_of.update(replaced)
             _erase_dead(gm.graph, [*m.nodes, *replaced])
             progress = True
-            if "weights" in m.operands:  # kernels that read several weights as one matrix
-                merged.append(tuple(params.get(w.name, "") for w in m.operands["weights"]))
+            for group in ("weights", "biases"):  # kernels that read several tensors as one
+                tensors = m.operands.get(group, ())
+                fqns = tuple(params.get(t.name, "") if t is not None else "" for t in tensors)
+                if fqns and all(fqns):
+                    merged.append(fqns)
             results.append(SiteResult(m.family, m.module, True, max_error=float(cache[key])))
         gm.graph.eliminate_dead_code()
     gm.graph.lint()
