@@ -190,6 +190,33 @@ def test_linear_bias_act_folds_the_mlp_activation_into_the_gemm_epilogue():
     assert {r["family"]: r for r in alone.summary()}["bias_act"]["applied"] == 2
 
 
+class _FlatMLP(torch.nn.Module):
+    """OPT's spelling: the MLP runs on (B·T, D) rows, so fc1 lowers to an addmm the
+    activation reads directly (no view between them)."""
+
+    def __init__(self, d: int = 32, f: int = 48, act: str = "relu"):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(d, f), torch.nn.Linear(f, d)
+        self.act = {"relu": torch.nn.ReLU(), "gelu": torch.nn.GELU()}[act]
+
+    def forward(self, x):
+        b, t, d = x.shape
+        return self.fc2(self.act(self.fc1(x.reshape(-1, d)))).view(b, t, d)
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+def test_bias_act_on_an_addmm_read_directly(act):
+    """bias_act where the activation reads the addmm itself: the bias is added once."""
+    torch.manual_seed(0)
+    model = _FlatMLP(act=act).eval()
+    x = torch.randn(2, 5, 32)
+    ref = model(x)
+    fast = apply(model, Plan(("bias_act",)))
+    _check_close(fast(x), ref, torch.float32)
+    row = {r["family"]: r for r in fast.summary()}["bias_act"]
+    assert row["applied"] == 1 and not row["unfused"], row
+
+
 def test_linear_residual_folds_the_residual_add_into_the_projection():
     """o_proj and down_proj each feed a residual add: h = r + x·Wᵀ runs as one gemm_epilogue
     per site (2 per layer), also next to add+norm folded into the following projections

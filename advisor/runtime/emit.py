@@ -135,9 +135,10 @@ def _emit_bias_act_addmm(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node
         mm = _new(graph, aten.mm.default, (addmm.args[1], addmm.args[2]))
     mm.meta = dict(addmm.meta)
     addmm.replace_all_uses_with(mm)
+    x_view = mm if x_view is addmm else x_view  # a 2-D input: the act reads the addmm itself
     with graph.inserting_after(x_view):
         call = _new(graph, torch.ops.advisor.bias_act.default,
-                                   (x_view, m.operands["bias"], m.operands["activation"], config))
+                    (x_view, m.operands["bias"], m.operands["activation"], config))
     m.outputs["y"].replace_all_uses_with(call)
     return {addmm: mm, m.outputs["y"]: call}
 
