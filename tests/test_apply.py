@@ -211,10 +211,14 @@ def test_bias_act_on_an_addmm_read_directly(act):
     model = _FlatMLP(act=act).eval()
     x = torch.randn(2, 5, 32)
     ref = model(x)
-    fast = apply(model, Plan(("bias_act",)))
-    _check_close(fast(x), ref, torch.float32)
-    row = {r["family"]: r for r in fast.summary()}["bias_act"]
-    assert row["applied"] == 1 and not row["unfused"], row
+    for family in ("bias_act", "linear_bias_act"):  # the act in its own kernel / the GEMM's epilogue
+        fast = apply(model, Plan((family,)))
+        _check_close(fast(x), ref, torch.float32)
+        x2 = torch.randn(3, 7, 32)  # another length: the same graph (one compile)
+        _check_close(fast(x2), model(x2), torch.float32)
+        row = {r["family"]: r for r in fast.summary()}[family]
+        assert row["applied"] == 1 and not row["unfused"], row
+        assert {r["family"]: r for r in fast.summary()}["(all)"]["compiles"] == 1
 
 
 def test_linear_residual_folds_the_residual_add_into_the_projection():

@@ -185,8 +185,9 @@ def _slice_columns(graph: fx.Graph, call: fx.Node, outs: list[fx.Node],
 
 def _emit_linear_epilogue(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
     """view(mm/addmm(x, Wᵀ)) → act  becomes  view(gemm_epilogue(x, W, b, act)) with the
-    captured view's sizes (symbolic sizes are nodes defined before the view); with a
-    residual, view(mm(x, Wᵀ)) + r  becomes  view(gemm_epilogue(x, W, b, reshape(r, (-1, N))))."""
+    captured view's sizes (symbolic sizes are nodes defined before the view; no view where
+    the act read the (M, N) GEMM itself); with a residual, view(mm(x, Wᵀ)) + r  becomes
+    view(gemm_epilogue(x, W, b, reshape(r, (-1, N))))."""
     x, w, b, shape = m.operands["x"], m.operands["weight"], m.operands["bias"], m.operands["out_shape"]
     r = m.operands.get("residual")  # linear_residual: r (..., N), read as (M, N) rows
     after = _insert_point(graph, m, [x, w, b, r, shape])
@@ -195,8 +196,10 @@ def _emit_linear_epilogue(graph: fx.Graph, m: Match, config: str) -> dict[fx.Nod
     with graph.inserting_after(r2 if r2 is not None else after):
         call = _new(graph, torch.ops.advisor.gemm_epilogue.default,
                     (x, w, b, r2, m.operands["activation"], config))
-    with graph.inserting_after(call):
-        y = _new(graph, aten.view.default, (call, shape))
+    y = call
+    if shape is not None:
+        with graph.inserting_after(call):
+            y = _new(graph, aten.view.default, (call, shape))
     return {m.outputs["y"]: _reroute(m.outputs["y"], y, set(m.nodes))}
 
 

@@ -207,23 +207,26 @@ def _sole_viewed_linear(pre: Any, params: dict[str, str]) -> Linear | None:
 
 def find_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
     """act(x·Wᵀ + b) with the activation the linear's only reader, through the one `view`
-    back to the input's leading dims: one GEMM with the bias and activation in its epilogue
-    (kernels/gemm.py `gemm_epilogue`); the result is viewed back with the same sizes.
-    Bias-free projections are left to the gated forms (act(g)·u: gated_act, gate_up_swiglu),
-    which is what they feed in the models we know."""
+    back to the input's leading dims (or directly, where the input is already (M, K) rows:
+    OPT's MLP): one GEMM with the bias and activation in its epilogue (kernels/gemm.py
+    `gemm_epilogue`); the result is viewed back with the same sizes. Bias-free projections
+    are left to the gated forms (act(g)·u: gated_act, gate_up_swiglu), which is what they
+    feed in the models we know."""
     found = []
     for node in gm.graph.nodes:
         act = activation_of(node)
         if act is None or len(act[2]) != 1:  # hand-written silu reads its input twice
             continue
         name, pre, nodes = act
-        lin = _sole_viewed_linear(pre, params)
+        lin, view = _sole_viewed_linear(pre, params), [pre]
+        if lin is None and len(pre.users) == 1:
+            lin, view = linear_at(pre, params), []  # the activation reads the (M, N) GEMM
         if lin is None or lin.bias is None:
             continue
         operands = {"x": lin.x2d, "weight": lin.weight, "bias": lin.bias, "activation": name,
-                    "out_shape": pre.args[1]}
+                    "out_shape": pre.args[1] if view else None}
         found.append(Match("linear_bias_act", "gemm_epilogue", module_path(node),
-                           (lin.node.args[-1], lin.node, pre, *nodes), operands, {"y": node}))
+                           (lin.node.args[-1], lin.node, *view, *nodes), operands, {"y": node}))
     return found
 
 
