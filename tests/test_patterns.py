@@ -79,3 +79,87 @@ def test_hand_written_spellings():
 def test_clean_path():
     assert clean_path("L['args'][0].model.layers[0].mlp") == "model.layers.0.mlp"
     assert clean_path("L['self']._modules['layers']._modules['3'].attn") == "layers.3.attn"
+
+
+# --- activations recognised by what they compute (patterns/activation.py spelled_activation)
+
+SPELLINGS = {  # id: (the activation it computes, a spelling of it)
+    # GPT-2 / GPT-J / Phi "gelu_new"
+    "gelu_new": ("gelu_tanh", lambda x: 0.5 * x * (1.0 + torch.tanh(
+        0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))),
+    # "gelu_fast": the same function, written otherwise
+    "gelu_fast": ("gelu_tanh", lambda x: 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))),
+    "gelu_erf": ("gelu", lambda x: x * 0.5 * (1.0 + torch.erf(x / 1.4142135623730951))),
+    "silu_exp": ("silu", lambda x: x / (1.0 + torch.exp(-x))),
+    "silu_cast": ("silu", lambda x: (x.float() * torch.sigmoid(x.float())).to(x.dtype)),
+    "relu_clamp": ("relu", lambda x: torch.clamp_min(x, 0.0)),
+    "relu_where": ("relu", lambda x: torch.where(x > 0, x, 0.0)),
+}
+
+
+class _SpelledMLP(torch.nn.Module):
+    def __init__(self, act):
+        super().__init__()
+        self.fc1, self.fc2, self.act = torch.nn.Linear(16, 24), torch.nn.Linear(24, 16), act
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_spelled_activations_are_recognised_and_fused(spelling):
+    from advisor.graph.patterns.activation import activation_of
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    name, fn = SPELLINGS[spelling]
+    torch.manual_seed(0)
+    model = _SpelledMLP(fn).eval()
+    x = torch.randn(2, 5, 16)
+    fams = _families(model, (x,))
+    assert fams.get("linear_bias_act") == 1 and fams.get("bias_act") == 1, fams
+    site = next(m for m in matches_of(capture(model, (x,))) if m.family == "bias_act")
+    assert site.operands["activation"] == name == activation_of(site.outputs["y"])[0]
+    for family in ("bias_act", "linear_bias_act"):
+        fast = apply(model, Plan((family,)))
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
+        assert {r["family"]: r for r in fast.summary()}[family]["applied"] == 1
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x * torch.sigmoid(1.702 * x),  # quick_gelu: no kernel implements it
+    lambda x: torch.tanh(x) * 2.0,
+    lambda x: x * x + x,                      # polynomial
+    lambda x: 0.5 * x * (1.0 + torch.tanh(0.79788 * (x + 0.05 * x * x * x))),  # a near miss
+], ids=["quick_gelu", "tanh", "poly", "near_gelu"])
+def test_other_elementwise_chains_are_not_activations(fn):
+    fams = _families(_SpelledMLP(fn).eval(), (torch.randn(2, 5, 16),))
+    assert "bias_act" not in fams and "linear_bias_act" not in fams, fams
+
+
+def test_spelled_activation_whose_intermediate_is_read_elsewhere_is_left():
+    """tanh(·) also returned: replacing the chain would leave that reader without a value."""
+    class Leaky(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(16, 24)
+
+        def forward(self, x):
+            h = self.fc1(x)
+            t = torch.tanh(0.7978845608028654 * (h + 0.044715 * h * h * h))
+            return 0.5 * h * (1.0 + t), t
+
+    fams = _families(Leaky().eval(), (torch.randn(2, 5, 16),))
+    assert "bias_act" not in fams and "linear_bias_act" not in fams, fams
+
+
+def test_gpt_style_families_fuse_their_spelled_gelu():
+    """GPT-J's MLP is fc_in (bias) → gelu_new (an elementwise chain) → fc_out."""
+    import transformers
+
+    config = transformers.GPTJConfig(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256,
+                                     rotary_dim=8)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    fams = _families(transformers.GPTJForCausalLM(config).eval(), ids(7, batch=1))
+    assert fams.get("linear_bias_act") == 2 and fams.get("bias_act") == 2, fams

@@ -33,6 +33,10 @@
 |   k/v cache write)             |                   |                           |
 | explicit softmax attention,    | attention.py      | analysis only             |
 |   kv_cache_write               |                   |                           |
+
+Activations (in gated_act, bias_act, linear_bias_act) are recognised by value: any chain
+of elementwise ops of one tensor that computes SiLU, GELU (erf or tanh) or ReLU on probe
+inputs, however it is written (activation.py `spelled_activation`).
 """
 
 from __future__ import annotations

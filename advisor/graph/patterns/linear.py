@@ -21,7 +21,7 @@ from torch import fx
 
 from advisor.graph.capture import common_module, fake, module_path
 from advisor.graph.match import VIEW_OPS, Match, aten, is_op, strip_views
-from advisor.graph.patterns.activation import activation_of
+from advisor.graph.patterns.activation import activation_of, reads_only
 
 
 @dataclass(frozen=True)
@@ -197,8 +197,8 @@ def _views_to(y: fx.Node, x2ds: set[fx.Node]) -> list[fx.Node] | None:
 
 def _sole_viewed_linear(pre: Any, params: dict[str, str]) -> Linear | None:
     """The linear whose (M, N) output `pre` views back to the input's leading dims, where
-    that view is the linear's only reader and has a single reader itself (the epilogue)."""
-    if not (is_op(pre, aten.view.default, aten._unsafe_view.default) and len(pre.users) == 1
+    that view is the linear's only reader (the caller checks who reads the view)."""
+    if not (is_op(pre, aten.view.default, aten._unsafe_view.default)
             and isinstance(pre.args[0], fx.Node)):
         return None
     lin = linear_at(pre.args[0], params)
@@ -215,11 +215,11 @@ def find_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
     found = []
     for node in gm.graph.nodes:
         act = activation_of(node)
-        if act is None or len(act[2]) != 1:  # hand-written silu reads its input twice
+        if act is None or not reads_only(act[1], act[2]):  # the act's ops alone read its input
             continue
         name, pre, nodes = act
         lin, view = _sole_viewed_linear(pre, params), [pre]
-        if lin is None and len(pre.users) == 1:
+        if lin is None:
             lin, view = linear_at(pre, params), []  # the activation reads the (M, N) GEMM
         if lin is None or lin.bias is None:
             continue
@@ -242,7 +242,7 @@ def find_residual_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[
             continue
         for side in (0, 1):
             pre, r = node.args[side], node.args[1 - side]
-            lin = _sole_viewed_linear(pre, params)
+            lin = _sole_viewed_linear(pre, params) if reads_only(pre, [node]) else None
             ty, tr = fake(node), fake(r) if isinstance(r, fx.Node) else None
             if lin is None or ty is None or tr is None or tr.shape != ty.shape or tr.dtype != ty.dtype:
                 continue
