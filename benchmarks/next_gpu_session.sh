@@ -9,6 +9,8 @@
 #   bench   RECIPE (default the committed one; pass tune's output) vs eager and both
 #           torch.compile modes at 1/128/512/2048: latency, kernels, cold start fields
 #   ablate  each family of RECIPE toggled at 1/512, for predicted-vs-measured savings
+#   all     one ~580 s command: analyze 1/512, bench RECIPE at 1/128/512/2048, the rope_table
+#           plan at 1 token, ablate 1/512, four memory-bound kernels at 2048/8192
 #   kernels issue 3's memory-bound kernels at 2048/8192 (default configs), then issue 6's
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
@@ -50,5 +52,23 @@ kernels)
     --kernels gemm_epilogue,gemm_swiglu,gemm_rmsnorm,rmsnorm_swiglu > "$OUT/kernels-gemm.log" 2>&1
   mv "$OUT/kernels.json" "$OUT/kernels-gemm.json"
   tail -20 "$OUT/kernels-memory.log" "$OUT/kernels-gemm.log" ;;
+all)  # one device command of ~580 s when the budget allows only one: measure, do not tune
+  log="$OUT/run.log"; cat "$OUT/gpu.txt" > "$log"; rm "$OUT/gpu.txt"
+  step() { echo "=== $(date +%T) $1" >> "$log"; }
+  step analyze
+  timeout 130 python3 -m advisor.cli analyze $model --shapes 1,512 --json "$OUT/analysis.json" >> "$log" 2>&1
+  echo "analyze rc=$?" >> "$log"; step bench
+  timeout 200 python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes 1,128,512,2048 \
+    --compile default,reduce-overhead --json "$OUT/bench.json" >> "$log" 2>&1
+  echo "bench rc=$?" >> "$log"; step bench-table1
+  timeout 60 python3 -m advisor.cli bench $model --recipe recipes/decode-swiglu-table-pdl-cudagraph.plan.json \
+    --shapes 1 --compile none --json "$OUT/bench-table1.json" >> "$log" 2>&1
+  echo "bench-table1 rc=$?" >> "$log"; step ablate
+  timeout 120 python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes 1,512 \
+    --compile none --ablate --json "$OUT/ablate.json" >> "$log" 2>&1
+  echo "ablate rc=$?" >> "$log"; step kernels
+  timeout 60 python3 benchmarks/bench_kernels.py --tokens 2048,8192 --sweep 0 \
+    --kernels gated_act_merged,gated_act,rms_norm,layer_norm >> "$log" 2>&1
+  step done; tail -60 "$log" ;;
 *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
