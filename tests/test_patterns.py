@@ -163,3 +163,65 @@ def test_gpt_style_families_fuse_their_spelled_gelu():
     torch.manual_seed(0)
     fams = _families(transformers.GPTJForCausalLM(config).eval(), ids(7, batch=1))
     assert fams.get("linear_bias_act") == 2 and fams.get("bias_act") == 2, fams
+
+
+# --- LayerNorm spelled out, norms computed in fp32 and cast back (patterns/norm.py) ---------
+
+class _SpelledLayerNorm(torch.nn.Module):
+    """Cohere's LayerNorm: fp32 statistics, x - mean computed twice, a cast weight, a cast
+    back; optionally a bias (a hand-written nn.LayerNorm)."""
+
+    def __init__(self, n: int = 24, bias: bool = False, twice: bool = True):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(n) + 0.5)
+        self.bias = torch.nn.Parameter(torch.randn(n) * 0.1) if bias else None
+        self.twice = twice
+        self.proj = torch.nn.Linear(n, n, bias=False)
+
+    def forward(self, x, r):
+        h = x + r
+        hf = h.to(torch.float32)
+        mean = hf.mean(-1, keepdim=True)
+        d = hf - mean
+        var = d.pow(2).mean(-1, keepdim=True)
+        y = ((hf - mean) if self.twice else d) * torch.rsqrt(var + 1e-5)
+        y = self.weight.to(torch.float32) * y
+        if self.bias is not None:
+            y = y + self.bias.to(torch.float32)
+        return self.proj(y.to(h.dtype)), h
+
+
+@pytest.mark.parametrize("bias,twice", [(False, True), (True, False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_spelled_layer_norm_is_a_layer_norm(bias, twice, dtype):
+    from advisor.kernels.testing import max_violation, tolerance
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    torch.manual_seed(0)
+    model = _SpelledLayerNorm(bias=bias, twice=twice).to(dtype).eval()
+    x, r = torch.randn(2, 5, 24, dtype=dtype), torch.randn(2, 5, 24, dtype=dtype)
+    fams = _families(model, (x, r))
+    assert fams.get("add_layer_norm") == 1 and "rms_norm" not in fams, fams
+    site = next(m for m in matches_of(capture(model, (x, r))) if m.family == "add_layer_norm")
+    assert (site.operands["bias"] is not None) == bias and site.operands["eps"] == 1e-5
+    fast = apply(model, Plan(("add_layer_norm",)))
+    for got, want in zip(fast(x, r), model(x, r)):
+        assert max_violation(got, want, tolerance(dtype, model=True)) <= 0
+    assert {r["family"]: r for r in fast.summary()}["add_layer_norm"]["applied"] == 1
+
+
+def test_bf16_gemma_norms_read_their_cast_weight():
+    """Gemma computes (1 + w.float())·n in fp32 and casts back: in bf16 the weight is a
+    cast node, which the norm pattern follows to the parameter."""
+    from advisor.kernels.testing import max_violation, tolerance
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    model = tiny_hf("Gemma", torch.bfloat16)
+    fast = apply(model, Plan(("rms_norm", "add_rms_norm")))
+    got, want = fast(**ids(6)).logits, model(**ids(6)).logits
+    assert max_violation(got, want, tolerance(torch.bfloat16, model=True)) <= 0
+    rows = {r["family"]: r for r in fast.summary()}
+    assert rows["rms_norm"]["applied"] == 1 and rows["add_rms_norm"]["applied"] == 4, rows
+    assert not rows["rms_norm"]["unfused"] and not rows["add_rms_norm"]["unfused"]

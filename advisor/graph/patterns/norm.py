@@ -3,10 +3,13 @@
 RMSNorm is matched by what it computes, through casts and these spellings:
   x·rsqrt(mean(x², -1) + eps)         (x² as pow(x, 2) or x·x)
   x / sqrt(mean(x², -1) + eps)
-then an optional weight: w·n (Llama) or (1 + w)·n (Gemma). LayerNorm is aten's
-`native_layer_norm` (what F.layer_norm lowers to). A residual add `h = a + b` whose
-result is normalised (and read again later: the residual stream) makes it add+norm —
-also across layer boundaries, since the graph is the whole model.
+then an optional weight: w·n (Llama) or (1 + w)·n (Gemma), the weight possibly cast
+(`w.float()`), and a cast of the result back to x's dtype. LayerNorm is aten's
+`native_layer_norm` (what F.layer_norm lowers to) or the same spelled out: the RMSNorm
+form above of d = x - mean(x, -1) (Cohere, hand-written models; d may be computed twice,
+once for the variance and once to normalise), then w·n and an optional + b. A residual
+add `h = a + b` whose result is normalised (and read again later: the residual stream)
+makes it add+norm — also across layer boundaries, since the graph is the whole model.
 """
 
 from __future__ import annotations
@@ -50,36 +53,82 @@ def _mean_plus_eps(node: Any) -> tuple[Any, float, list[fx.Node]] | None:
     return (x, eps, [node, mean, mean.args[0]]) if x is not None else None
 
 
+def _same_value(a: Any, b: Any) -> bool:
+    """a and b are one value through casts, or the same subtraction computed twice
+    (LayerNorm spelled out: x - mean for the variance, again to normalise)."""
+    a, b = strip_casts(a), strip_casts(b)
+    return a is b or (is_op(a, aten.sub.Tensor) and is_op(b, aten.sub.Tensor) and not a.kwargs
+                      and not b.kwargs and a.args[:2] == b.args[:2])
+
+
 def _normalised(inv: fx.Node, xf: Any) -> fx.Node | None:
     """The user of `inv` that multiplies (or divides, for sqrt) the same x."""
     for user in inv.users:
-        if is_op(user, aten.mul.Tensor) and strip_casts(other_arg(user, inv)) is strip_casts(xf):
+        if is_op(user, aten.mul.Tensor) and _same_value(other_arg(user, inv), xf):
             return user
-        same_x = strip_casts(user.args[0]) is strip_casts(xf)
-        if is_op(user, aten.div.Tensor) and user.args[1] is inv and same_x:
+        if is_op(user, aten.div.Tensor) and user.args[1] is inv and _same_value(user.args[0], xf):
             return user
     return None
 
 
+def _centred(d: Any) -> tuple[Any, fx.Node] | None:
+    """For d = x - mean(x, -1, keepdim=True) (through casts): (x as d reads it, the mean)."""
+    if not is_op(strip_casts(d), aten.sub.Tensor) or strip_casts(d).kwargs:
+        return None
+    xc, mean = strip_casts(d).args[:2]
+    if not is_op(mean, aten.mean.dim) or strip_casts(mean.args[0]) is not strip_casts(xc):
+        return None
+    keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
+    return (xc, mean) if keepdim and is_last_dim(mean.args[1], mean.args[0]) else None
+
+
+def _sole_user(node: fx.Node, *targets: Any) -> fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 and is_op(users[0], *targets) else None
+
+
+def _param_vector(node: Any, n: int, params: dict[str, str]) -> tuple[Any, list[fx.Node]]:
+    """(parameter, its cast nodes) if `node` is an (n,) parameter, possibly cast
+    (`w.float()`), else (None, [])."""
+    p = strip_casts(node)
+    if not (isinstance(p, fx.Node) and p.name in params and _is_vector(p, n)):
+        return None, []
+    casts = []
+    while node is not p:
+        casts.append(node)
+        node = node.args[0]
+    return p, casts
+
+
 def _weight(normed: fx.Node, n_cols: int,
             params: dict[str, str]) -> tuple[fx.Node, Any, float, list[fx.Node]]:
-    """Follow an optional cast then `w·n` or `(1+w)·n`: (y, weight, offset, extra nodes)."""
+    """Follow an optional cast then `w·n` or `(1+w)·n` (w possibly cast): (y, weight,
+    offset, extra nodes)."""
     out, extra = normed, []
-    only = list(out.users)
-    if len(only) == 1 and is_op(only[0], *CAST_OPS):
-        out = only[0]
+    if (cast := _sole_user(out, *CAST_OPS)) is not None:
+        out = cast
         extra.append(out)
-    users = list(out.users)
-    if len(users) == 1 and is_op(users[0], aten.mul.Tensor):
-        mul = users[0]
+    if (mul := _sole_user(out, aten.mul.Tensor)) is not None:
         w = other_arg(mul, out)
-        if isinstance(w, fx.Node) and w.name in params and _is_vector(w, n_cols):
-            return mul, w, 0.0, [*extra, mul]
+        base, casts = _param_vector(w, n_cols, params)
+        if base is not None:
+            return mul, base, 0.0, [*extra, *casts, mul]
         if is_op(w, aten.add.Tensor) and len(w.users) == 1:
-            base = next((a for a in w.args[:2] if isinstance(a, fx.Node) and a.name in params), None)
-            if base is not None and scalar(other_arg(w, base)) == 1.0 and _is_vector(base, n_cols):
-                return mul, base, 1.0, [*extra, w, mul]
+            for arg in w.args[:2]:
+                base, casts = _param_vector(arg, n_cols, params)
+                if base is not None and scalar(other_arg(w, arg)) == 1.0:
+                    return mul, base, 1.0, [*extra, *casts, w, mul]
     return out, None, 0.0, extra
+
+
+def _cast_back(y: fx.Node, x: Any) -> tuple[fx.Node, list[fx.Node]]:
+    """A norm computed in fp32 and cast back to x's dtype as its only reader: (the cast,
+    [the cast]); else (y, [])."""
+    cast = _sole_user(y, *CAST_OPS)
+    tc, tx = fake(cast), fake(x)
+    if cast is not None and tc is not None and tx is not None and tc.dtype == tx.dtype:
+        return cast, [cast]
+    return y, []
 
 
 def _is_vector(node: fx.Node, n: int) -> bool:
@@ -88,7 +137,8 @@ def _is_vector(node: fx.Node, n: int) -> bool:
 
 
 def _rms_at(inv: fx.Node, params: dict[str, str]) -> Match | None:
-    """Match an RMSNorm whose reciprocal-root node is `inv` (rsqrt or sqrt)."""
+    """Match an RMSNorm whose reciprocal-root node is `inv` (rsqrt or sqrt) — or, where
+    what it normalises is x - mean(x), the LayerNorm of x spelled out."""
     found = _mean_plus_eps(inv.args[0])
     if found is None:
         return None
@@ -97,12 +147,44 @@ def _rms_at(inv: fx.Node, params: dict[str, str]) -> Match | None:
     t = fake(xf)
     if normed is None or t is None or t.dim() == 0:
         return None
+    if (centred := _centred(xf)) is not None:
+        return _spelled_layer_norm(inv, xf, normed, centred, eps, core, params)
     x = strip_casts(xf)
     casts = [n for n in (xf, normed.args[0]) if is_op(n, *CAST_OPS)]
     y, weight, offset, tail = _weight(normed, int(t.shape[-1]), params)
-    nodes = tuple(dict.fromkeys([*casts, *core, inv, normed, *tail]))
+    y, back = _cast_back(y, x) if weight is not None else (y, [])
+    nodes = tuple(dict.fromkeys([*casts, *core, inv, normed, *tail, *back]))
     operands = {"x": x, "weight": weight, "eps": eps, "weight_offset": offset}
     return Match("rms_norm", "rms_norm", module_path(inv), nodes, operands, {"y": y})
+
+
+def _spelled_layer_norm(inv: fx.Node, d: Any, normed: fx.Node, centred: tuple[Any, fx.Node],
+                        eps: float, core: list[fx.Node], params: dict[str, str]) -> Match | None:
+    """(x - mean)·rsqrt(mean((x - mean)²) + eps) [· w] [+ b] [cast back]: layer_norm(x)."""
+    xc, mean = centred
+    x = strip_casts(xc)
+    tx = fake(x)
+    if tx is None or not tx.is_floating_point():
+        return None
+    n = int(tx.shape[-1])
+    d2 = other_arg(normed, inv) if is_op(normed, aten.mul.Tensor) else normed.args[0]
+    subs = [strip_casts(v) for v in (d, d2)]
+    casts = [c for c in (xc, mean.args[0], d, d2) if is_op(c, *CAST_OPS)]
+    y, weight, offset, tail = _weight(normed, n, params)
+    if offset:
+        return None  # (1 + w)·n: no LayerNorm we know writes it
+    bias = None
+    if weight is not None and (add := _sole_user(y, aten.add.Tensor)) is not None:
+        bias, bias_casts = _param_vector(other_arg(add, y), n, params)
+        if bias is not None:
+            y, tail = add, [*tail, *bias_casts, add]
+    y, back = _cast_back(y, x)
+    ty = fake(y)
+    if ty is None or ty.dtype != tx.dtype:
+        return None  # the kernel writes x's dtype
+    nodes = tuple(dict.fromkeys([*casts, mean, *subs, *core, inv, normed, *tail, *back]))
+    operands = {"x": x, "weight": weight, "bias": bias, "eps": eps}
+    return Match("layer_norm", "layer_norm", module_path(inv), nodes, operands, {"y": y})
 
 
 def _layer_norm_at(node: fx.Node) -> Match | None:
