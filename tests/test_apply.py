@@ -68,7 +68,7 @@ def test_shallower_alternatives_apply_when_the_deeper_fusion_is_off():
     assert applied == {"gated_act": 2, "gate_up_merge": 2}
 
 
-@pytest.mark.parametrize("family", ["Gemma", "Qwen2", "GPTNeoX"])
+@pytest.mark.parametrize("family", ["Gemma", "Qwen2", "GPTNeoX", "Cohere"])
 def test_other_transformers_families(family):
     model = tiny_hf(family)
     refs = {t: model(**ids(t)) for t in (4, 11)}

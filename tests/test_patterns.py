@@ -225,3 +225,17 @@ def test_bf16_gemma_norms_read_their_cast_weight():
     rows = {r["family"]: r for r in fast.summary()}
     assert rows["rms_norm"]["applied"] == 1 and rows["add_rms_norm"]["applied"] == 4, rows
     assert not rows["rms_norm"]["unfused"] and not rows["add_rms_norm"]["unfused"]
+
+
+def test_interleaved_rope_and_spelled_layer_norm_of_cohere():
+    """Cohere rotates pairs (stack((-x[..., 1::2], x[..., ::2]), -1) viewed back) and writes
+    its LayerNorm out by hand: RoPE (folded into attention) and the norms are found."""
+    from advisor.graph.patterns import rope
+
+    model = tiny_hf("Cohere")
+    captured = capture(model, ids(7, batch=1))
+    sites = [m for part in captured.parts for m in rope.find(part.gm)]
+    assert len(sites) == 2 and all(m.operands["interleaved"] for m in sites)
+    fams = _families(model, ids(7, batch=1))
+    assert fams.get("attention_rope") == 2 and fams.get("rope") == 2, fams
+    assert fams.get("layer_norm") == 1 and fams.get("add_layer_norm") == 2, fams

@@ -2,8 +2,10 @@
 cos/sin tables themselves (`find_tables`: cos and sin of positions ⊗ inverse frequencies).
 
 rotate_half(x) = cat(-x[..., R/2:], x[..., :R/2]) is matched whether the halves come from
-slicing or from `chunk`/`split`; the two products may be written in either order. q and k
-rotated with the same cos/sin in one module make one `rope_qk` site.
+slicing or from `chunk`/`split`; the two products may be written in either order. The
+interleaved convention (GPT-J, Cohere) rotates pairs: stack((-x[..., 1::2], x[..., ::2]),
+-1) viewed back to x's shape. q and k rotated with the same cos/sin in one module make one
+`rope_qk` site.
 """
 
 from __future__ import annotations
@@ -63,15 +65,55 @@ def _rotate_half(cat: fx.Node) -> tuple[Any, list[fx.Node]] | None:
     return x, [*split, *halves, parts[0], cat]
 
 
-def _rope_at(cat: fx.Node) -> Match | None:
-    rot = _rotate_half(cat)
-    if rot is None:
+_END = 2**62  # a slice's "to the end" (sys.maxsize in the captured graph)
+_FLATTENS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _every_other(node: Any, start: int) -> Any:
+    """x for x[..., start::2] (a last-dim slice with step 2 to the end), else None."""
+    if not is_op(node, aten.slice.Tensor) or len(node.args) != 5:
         return None
-    x, rot_nodes = rot
-    for mul_sin in cat.users:
+    x, dim, lo, hi, step = node.args
+    tx = fake(x)
+    if tx is None or dim not in (-1, tx.dim() - 1) or (lo, step) != (start, 2):
+        return None
+    return x if isinstance(hi, int) and hi >= int(tx.shape[-1]) else None
+
+
+def _rotate_pairs(stack: fx.Node) -> tuple[Any, fx.Node, list[fx.Node]] | None:
+    """x, the rotation and its nodes for stack((-x[..., 1::2], x[..., ::2]), -1) viewed
+    back to x's shape (interleaved RoPE's rotate)."""
+    parts, dim = stack.args[0], stack.args[1] if len(stack.args) > 1 else 0
+    if len(parts) != 2 or not is_op(parts[0], aten.neg.default) or len(stack.users) != 1:
+        return None
+    x = _every_other(parts[0].args[0], 1)
+    if x is None or _every_other(parts[1], 0) is not x:
+        return None
+    flat = next(iter(stack.users))
+    tx, tf = fake(x), fake(flat)
+    if not is_op(flat, *_FLATTENS) or tx is None or tf is None or dim not in (-1, tx.dim()):
+        return None
+    if tf.shape != tx.shape:
+        return None
+    return x, flat, [parts[0].args[0], parts[1], parts[0], stack, flat]
+
+
+def _rope_at(node: fx.Node) -> Match | None:
+    """The RoPE of x whose rotation ends at `node` (rotate_half's cat, or interleaved
+    RoPE's stack)."""
+    if is_op(node, aten.cat.default):
+        found, interleaved = _rotate_half(node), False
+        rot = node
+    else:
+        pairs, interleaved = _rotate_pairs(node), True
+        found, rot = (None, None) if pairs is None else ((pairs[0], pairs[2]), pairs[1])
+    if found is None:
+        return None
+    x, rot_nodes = found
+    for mul_sin in rot.users:
         if not is_op(mul_sin, aten.mul.Tensor):
             continue
-        sin = other_arg(mul_sin, cat)
+        sin = other_arg(mul_sin, rot)
         for add in mul_sin.users:
             if not is_op(add, aten.add.Tensor):
                 continue
@@ -82,19 +124,20 @@ def _rope_at(cat: fx.Node) -> Match | None:
             if cos is None:
                 continue
             nodes = (*rot_nodes, mul_sin, mul_cos, add)
-            operands = {"x": x, "cos": cos, "sin": sin, "interleaved": False}
+            operands = {"x": x, "cos": cos, "sin": sin, "interleaved": interleaved}
             return Match("rope", "rope_qk", module_path(add), nodes, operands, {"y": add})
     return None
 
 
 def find(gm: fx.GraphModule) -> list[Match]:
     """rope_qk sites: pairs of rotations sharing cos/sin, q (more heads) first."""
-    singles = [m for n in gm.graph.nodes if is_op(n, aten.cat.default) and (m := _rope_at(n))]
-    by_key: dict[tuple[Any, Any, str], list[Match]] = defaultdict(list)
+    singles = [m for n in gm.graph.nodes
+               if is_op(n, aten.cat.default, aten.stack.default) and (m := _rope_at(n))]
+    by_key: dict[tuple[Any, Any, str, bool], list[Match]] = defaultdict(list)
     for m in singles:
-        by_key[(m.operands["cos"], m.operands["sin"], m.module)].append(m)
+        by_key[(m.operands["cos"], m.operands["sin"], m.module, m.operands["interleaved"])].append(m)
     found = []
-    for (cos, sin, module), ms in by_key.items():
+    for (cos, sin, module, interleaved), ms in by_key.items():
         ms = sorted(ms, key=lambda m: m.nodes[-1].meta.get("seq_nr", 0))
         for q, k in zip(ms[0::2], ms[1::2]):
             tq, tk = fake(q.operands["x"]), fake(k.operands["x"])
@@ -103,7 +146,7 @@ def find(gm: fx.GraphModule) -> list[Match]:
             if tq.shape[1] < tk.shape[1]:
                 q, k = k, q
             operands = {"q": q.operands["x"], "k": k.operands["x"], "cos": cos, "sin": sin,
-                        "interleaved": False}
+                        "interleaved": interleaved}
             found.append(Match("rope", "rope_qk", module, (*q.nodes, *k.nodes), operands,
                                {"q": q.outputs["y"], "k": k.outputs["y"]}))
     return found
