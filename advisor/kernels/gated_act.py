@@ -65,7 +65,8 @@ from advisor.kernels.space import Config, ConfigSpace, Problem, decode
 from advisor.kernels.testing import randn_nonzero
 
 # Activation name -> constexpr code of `apply_activation` (and index used by make_inputs).
-ACTIVATIONS: dict[str, int] = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}
+ACTIVATIONS: dict[str, int] = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "quick_gelu": 4}
+QUICK_GELU = 1.702  # x·sigmoid(1.702·x): CLIP's and some GPT-style MLPs' GELU approximation
 
 
 def activation_ref(name: str, x: torch.Tensor) -> torch.Tensor:
@@ -78,6 +79,8 @@ def activation_ref(name: str, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x, approximate="tanh")  # HF "gelu_pytorch_tanh" / "gelu_new"
     if name == "relu":
         return F.relu(x)
+    if name == "quick_gelu":
+        return x * torch.sigmoid(QUICK_GELU * x)
     raise ValueError(f"unknown activation {name!r}; known: {sorted(ACTIVATIONS)}")
 
 
@@ -117,6 +120,11 @@ def relu(x):
 
 
 @triton.jit
+def quick_gelu(x):
+    return x * tl.sigmoid(1.702 * x)  # QUICK_GELU
+
+
+@triton.jit
 def apply_activation(x, ACT: tl.constexpr):
     """ACT is a code from ACTIVATIONS; resolved at compile time (one branch survives)."""
     if ACT == 0:
@@ -125,8 +133,10 @@ def apply_activation(x, ACT: tl.constexpr):
         y = gelu_erf(x)
     elif ACT == 2:
         y = gelu_tanh(x)
-    else:
+    elif ACT == 3:
         y = relu(x)
+    else:
+        y = quick_gelu(x)
     return y
 
 

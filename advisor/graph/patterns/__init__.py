@@ -35,8 +35,8 @@
 |   kv_cache_write               |                   |                           |
 
 Activations (in gated_act, bias_act, linear_bias_act) are recognised by value: any chain
-of elementwise ops of one tensor that computes SiLU, GELU (erf or tanh) or ReLU on probe
-inputs, however it is written (activation.py `spelled_activation`).
+of elementwise ops of one tensor that computes SiLU, GELU (erf or tanh), ReLU or quick-GELU
+on probe inputs, however it is written (activation.py `spelled_activation`).
 """
 
 from __future__ import annotations

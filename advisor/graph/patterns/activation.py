@@ -3,8 +3,9 @@
 Activations are recognised by what they compute, not how they are written: aten.silu,
 aten.gelu (approximate none/tanh) and aten.relu directly; any other chain of elementwise
 ops of one tensor (`x·sigmoid(x)`, GPT-2's `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`,
-`x·0.5·(1 + erf(x/√2))`, `clamp_min(x, 0)`, …) by evaluating the chain on probe values
-and comparing with each activation the kernels implement (`spelled_activation`). A gated
+`x·0.5·(1 + erf(x/√2))`, `clamp_min(x, 0)`, CLIP's `x·sigmoid(1.702·x)`, …) by evaluating
+the chain on probe values and comparing with each activation the kernels implement
+(`spelled_activation`). A gated
 activation is `act(g) · u` with g and u of one shape (SwiGLU, GeGLU); bias+act is
 `act(x + b)` with b a (N,) parameter, including the `addmm(b, x, W)` form nn.Linear lowers to.
 """
@@ -20,6 +21,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from advisor.graph.capture import fake, module_path
 from advisor.graph.match import CAST_OPS, Match, aten, is_op, other_arg, strip_views
+from advisor.kernels.gated_act import ACTIVATIONS, activation_ref
 
 
 def activation_of(node: Any) -> tuple[str, Any, list[fx.Node]] | None:
@@ -47,12 +49,7 @@ MAX_CHAIN = 24  # ops in one spelled activation (GPT-2's tanh GELU takes 9)
 # (gelu vs its tanh form by up to ~2e-4 near |x| = 2), zero, and both tails.
 _PROBE = torch.cat([torch.linspace(-8.0, 8.0, 161, dtype=torch.float64),
                     torch.tensor([-30.0, -1e-3, 1e-3, 30.0], dtype=torch.float64)])
-_REFERENCES = {
-    "silu": torch.nn.functional.silu,
-    "gelu": torch.nn.functional.gelu,
-    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-    "relu": torch.relu,
-}
+_REFERENCES = {name: functools.partial(activation_ref, name) for name in ACTIVATIONS}
 _SPELLED_RTOL = 1e-5  # float64 evaluation: a true spelling agrees to ~1e-9 (constants to 10 digits)
 
 
@@ -118,7 +115,8 @@ def _evaluate(x: fx.Node, ops: list[fx.Node], probe: torch.Tensor) -> torch.Tens
 
 def spelled_activation(root: Any) -> tuple[str, Any, list[fx.Node]] | None:
     """(name, x, ops) if the elementwise chain ending at `root` computes one of the
-    activations the kernels implement, with x's shape and dtype; else None."""
+    activations the kernels implement (gated_act.ACTIVATIONS), with x's shape and dtype;
+    else None."""
     if not _pointwise(root) or root.target in CAST_OPS:
         return None
     found = _chain(root)
