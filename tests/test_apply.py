@@ -113,6 +113,22 @@ def test_merged_bias_with_a_member_without_one():
     torch.testing.assert_close(ml.merged_linear_impl(x, ws, [None, None]), x @ torch.cat(ws).T)
 
 
+@pytest.mark.parametrize("family", ["Gemma", "Cohere", "Olmo2"])
+def test_bf16_families_fuse_their_fp32_norms_and_rope(family):
+    """bf16 models that compute norms and RoPE in fp32 and cast back (Gemma's w.float(),
+    Cohere's q.float(), Olmo2's fp32 tables): every site is fused, none refused."""
+    model = tiny_hf(family, torch.bfloat16)
+    ref = model(**ids(9))
+    plan = Plan(("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "rope_table",
+                 "attention_rope", "rope"))
+    fast = apply(model, plan)
+    _check_close(fast(**ids(9)), ref, torch.bfloat16)
+    rows = [r for r in fast.summary() if r["family"] != "(all)"]
+    assert not [r for r in rows if r["unfused"]], rows
+    applied = {r["family"] for r in rows if r["applied"]}
+    assert "attention_rope" in applied and applied & {"rms_norm", "layer_norm"}, applied
+
+
 def test_bf16_model_within_tolerance():
     model = tiny_hf("Llama", torch.bfloat16)
     ref = model(**ids(9))

@@ -55,6 +55,22 @@ def strip_casts(node: Any) -> Any:
     return node
 
 
+def sole_user(node: fx.Node, *targets: Any) -> fx.Node | None:
+    """The one reader of `node` if it is one of `targets`, else None."""
+    users = list(node.users)
+    return users[0] if len(users) == 1 and is_op(users[0], *targets) else None
+
+
+def cast_back(y: fx.Node, x: Any) -> tuple[fx.Node, list[fx.Node]]:
+    """A value computed in fp32 from x and cast back to x's dtype by its only reader (a
+    norm's or RoPE's fp32 math): (the cast, [the cast]); else (y, [])."""
+    cast = sole_user(y, *CAST_OPS)
+    tc, tx = fake(cast), fake(x)
+    if cast is not None and tc is not None and tx is not None and tc.dtype == tx.dtype:
+        return cast, [cast]
+    return y, []
+
+
 def strip_views(node: Any) -> Any:
     while is_op(node, *VIEW_OPS):
         node = node.args[0]

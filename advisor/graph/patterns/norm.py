@@ -23,11 +23,13 @@ from advisor.graph.match import (
     CAST_OPS,
     Match,
     aten,
+    cast_back,
     is_getitem,
     is_last_dim,
     is_op,
     other_arg,
     scalar,
+    sole_user,
     strip_casts,
 )
 
@@ -82,11 +84,6 @@ def _centred(d: Any) -> tuple[Any, fx.Node] | None:
     return (xc, mean) if keepdim and is_last_dim(mean.args[1], mean.args[0]) else None
 
 
-def _sole_user(node: fx.Node, *targets: Any) -> fx.Node | None:
-    users = list(node.users)
-    return users[0] if len(users) == 1 and is_op(users[0], *targets) else None
-
-
 def _param_vector(node: Any, n: int, params: dict[str, str]) -> tuple[Any, list[fx.Node]]:
     """(parameter, its cast nodes) if `node` is an (n,) parameter, possibly cast
     (`w.float()`), else (None, [])."""
@@ -105,10 +102,10 @@ def _weight(normed: fx.Node, n_cols: int,
     """Follow an optional cast then `w·n` or `(1+w)·n` (w possibly cast): (y, weight,
     offset, extra nodes)."""
     out, extra = normed, []
-    if (cast := _sole_user(out, *CAST_OPS)) is not None:
+    if (cast := sole_user(out, *CAST_OPS)) is not None:
         out = cast
         extra.append(out)
-    if (mul := _sole_user(out, aten.mul.Tensor)) is not None:
+    if (mul := sole_user(out, aten.mul.Tensor)) is not None:
         w = other_arg(mul, out)
         base, casts = _param_vector(w, n_cols, params)
         if base is not None:
@@ -121,14 +118,7 @@ def _weight(normed: fx.Node, n_cols: int,
     return out, None, 0.0, extra
 
 
-def _cast_back(y: fx.Node, x: Any) -> tuple[fx.Node, list[fx.Node]]:
-    """A norm computed in fp32 and cast back to x's dtype as its only reader: (the cast,
-    [the cast]); else (y, [])."""
-    cast = _sole_user(y, *CAST_OPS)
-    tc, tx = fake(cast), fake(x)
-    if cast is not None and tc is not None and tx is not None and tc.dtype == tx.dtype:
-        return cast, [cast]
-    return y, []
+
 
 
 def _is_vector(node: fx.Node, n: int) -> bool:
@@ -152,7 +142,7 @@ def _rms_at(inv: fx.Node, params: dict[str, str]) -> Match | None:
     x = strip_casts(xf)
     casts = [n for n in (xf, normed.args[0]) if is_op(n, *CAST_OPS)]
     y, weight, offset, tail = _weight(normed, int(t.shape[-1]), params)
-    y, back = _cast_back(y, x) if weight is not None else (y, [])
+    y, back = cast_back(y, x) if weight is not None else (y, [])
     nodes = tuple(dict.fromkeys([*casts, *core, inv, normed, *tail, *back]))
     operands = {"x": x, "weight": weight, "eps": eps, "weight_offset": offset}
     return Match("rms_norm", "rms_norm", module_path(inv), nodes, operands, {"y": y})
@@ -174,11 +164,11 @@ def _spelled_layer_norm(inv: fx.Node, d: Any, normed: fx.Node, centred: tuple[An
     if offset:
         return None  # (1 + w)·n: no LayerNorm we know writes it
     bias = None
-    if weight is not None and (add := _sole_user(y, aten.add.Tensor)) is not None:
+    if weight is not None and (add := sole_user(y, aten.add.Tensor)) is not None:
         bias, bias_casts = _param_vector(other_arg(add, y), n, params)
         if bias is not None:
             y, tail = add, [*tail, *bias_casts, add]
-    y, back = _cast_back(y, x)
+    y, back = cast_back(y, x)
     ty = fake(y)
     if ty is None or ty.dtype != tx.dtype:
         return None  # the kernel writes x's dtype

@@ -17,7 +17,18 @@ import torch
 from torch import fx
 
 from advisor.graph.capture import fake, module_path
-from advisor.graph.match import CAST_OPS, Match, aten, is_getitem, is_last_dim, is_op, other_arg, scalar
+from advisor.graph.match import (
+    CAST_OPS,
+    Match,
+    aten,
+    cast_back,
+    is_getitem,
+    is_last_dim,
+    is_op,
+    other_arg,
+    scalar,
+    strip_casts,
+)
 
 
 def _half_of(node: Any) -> tuple[Any, int, int] | None:
@@ -123,9 +134,20 @@ def _rope_at(node: fx.Node) -> Match | None:
             cos = other_arg(mul_cos, x)
             if cos is None:
                 continue
-            nodes = (*rot_nodes, mul_sin, mul_cos, add)
+            # fp32 math (x.float(), or fp32 tables promoting x), the result cast back to
+            # the dtype x came in: the kernel reads that x and writes that dtype.
+            x0 = strip_casts(x)
+            y, back = cast_back(add, x0)
+            upcast = [x] if back and x0 is not x else []
+            x = x0 if upcast else x
+            if not back:
+                y, back = cast_back(add, x)
+            tx, ty = fake(x), fake(y)
+            if tx is None or ty is None or ty.dtype != tx.dtype:
+                return None  # the kernel writes x's dtype
+            nodes = (*upcast, *rot_nodes, mul_sin, mul_cos, add, *back)
             operands = {"x": x, "cos": cos, "sin": sin, "interleaved": interleaved}
-            return Match("rope", "rope_qk", module_path(add), nodes, operands, {"y": add})
+            return Match("rope", "rope_qk", module_path(add), nodes, operands, {"y": y})
     return None
 
 
