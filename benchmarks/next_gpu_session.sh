@@ -52,23 +52,28 @@ kernels)
     --kernels gemm_epilogue,gemm_swiglu,gemm_rmsnorm,rmsnorm_swiglu > "$OUT/kernels-gemm.log" 2>&1
   mv "$OUT/kernels.json" "$OUT/kernels-gemm.json"
   tail -20 "$OUT/kernels-memory.log" "$OUT/kernels-gemm.log" ;;
-all)  # one device command of ~580 s when the budget allows only one: measure, do not tune
+all)  # one device command of ~580 s when the budget allows only one: measure, do not tune.
+  # Each step's limit in seconds can be set (0 skips it): ANALYZE_S BENCH_S TABLE_S ABLATE_S KERNELS_S
   log="$OUT/run.log"; cat "$OUT/gpu.txt" > "$log"; rm "$OUT/gpu.txt"
   step() { echo "=== $(date +%T) $1" >> "$log"; }
-  step analyze
-  timeout 130 python3 -m advisor.cli analyze $model --shapes 1,512 --json "$OUT/analysis.json" >> "$log" 2>&1
-  echo "analyze rc=$?" >> "$log"; step bench
-  timeout 200 python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes 1,128,512,2048 \
-    --compile default,reduce-overhead --json "$OUT/bench.json" >> "$log" 2>&1
-  echo "bench rc=$?" >> "$log"; step bench-table1
-  timeout 60 python3 -m advisor.cli bench $model --recipe recipes/decode-swiglu-table-pdl-cudagraph.plan.json \
-    --shapes 1 --compile none --json "$OUT/bench-table1.json" >> "$log" 2>&1
-  echo "bench-table1 rc=$?" >> "$log"; step ablate
-  timeout 120 python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes 1,512 \
-    --compile none --ablate --json "$OUT/ablate.json" >> "$log" 2>&1
-  echo "ablate rc=$?" >> "$log"; step kernels
-  timeout 60 python3 benchmarks/bench_kernels.py --tokens 2048,8192 --sweep 0 \
-    --kernels gated_act_merged,gated_act,rms_norm,layer_norm >> "$log" 2>&1
+  if [ "${ANALYZE_S:-130}" != 0 ]; then step analyze
+    timeout "${ANALYZE_S:-130}" python3 -m advisor.cli analyze $model --shapes 1,512 --json "$OUT/analysis.json" >> "$log" 2>&1
+    echo "analyze rc=$?" >> "$log"; fi
+  if [ "${BENCH_S:-200}" != 0 ]; then step bench
+    timeout "${BENCH_S:-200}" python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes 1,128,512,2048 \
+      --compile default,reduce-overhead --json "$OUT/bench.json" >> "$log" 2>&1
+    echo "bench rc=$?" >> "$log"; fi
+  if [ "${TABLE_S:-60}" != 0 ]; then step bench-table1
+    timeout "${TABLE_S:-60}" python3 -m advisor.cli bench $model --recipe recipes/decode-swiglu-table-pdl-cudagraph.plan.json \
+      --shapes 1 --compile none --json "$OUT/bench-table1.json" >> "$log" 2>&1
+    echo "bench-table1 rc=$?" >> "$log"; fi
+  if [ "${ABLATE_S:-120}" != 0 ]; then step ablate
+    timeout "${ABLATE_S:-120}" python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes 1,512 \
+      --compile none --ablate --json "$OUT/ablate.json" >> "$log" 2>&1
+    echo "ablate rc=$?" >> "$log"; fi
+  if [ "${KERNELS_S:-60}" != 0 ]; then step kernels
+    timeout "${KERNELS_S:-60}" python3 benchmarks/bench_kernels.py --tokens 2048,8192 --sweep 0 \
+      --kernels gated_act_merged,gated_act,rms_norm,layer_norm >> "$log" 2>&1; fi
   step done; tail -60 "$log" ;;
 *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
