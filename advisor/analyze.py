@@ -5,7 +5,7 @@ documented, versioned JSON (schema "advisor.analysis", version 1):
 
     {"schema_version": 1, "kind": "advisor.analysis", "model": str, "device": str,
      "dtype": str, "batch": int, "phase": "prefill" | "decode" (seq_len = context length),
-     "environment": {...}, "ceilings": {...},
+     "environment": {...}, "git_sha": str | null (env.source_revision), "ceilings": {...},
      "shapes": [{"seq_len": int, "verdict": str, "gpu_busy_fraction": float,
                  "budget": {"wall_ms": float, "plain_wall_ms": float, "profiled_wall_ms": float,
                             "profiled_categories": {...} (as traced, before calibration),
@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from advisor.env import source_revision
 from advisor.graph.candidates import Candidate, Costs, candidates, matches_of
 from advisor.graph.capture import capture
 from advisor.loader import ModelFile, build, checked_forward, inputs_for
@@ -136,4 +137,5 @@ def to_json(a: Analysis) -> dict[str, Any]:
                        "budget": _plain(s.budget), "candidates": cands})
     return {"schema_version": SCHEMA_VERSION, "kind": "advisor.analysis", "model": a.model,
             "device": a.device, "dtype": a.dtype, "batch": a.batch, "phase": a.phase,
-            "environment": a.environment, "ceilings": _plain(a.ceilings), "shapes": shapes}
+            "environment": a.environment, "git_sha": source_revision(),
+            "ceilings": _plain(a.ceilings), "shapes": shapes}

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from advisor.ablation import ablation_rows
+from advisor.env import source_revision
 from advisor.errors import AdvisorError, ModelFileError
 from advisor.generate import Generation, advancer, cache_capacity, check_capacity, compare, timed_greedy
 from advisor.kernels.testing import rel_error
@@ -322,5 +323,5 @@ class _GenerationBench:
 
 def to_json(r: BenchResult) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "kind": "advisor.bench", "environment": r.environment,
-            "meta": r.meta, "rows": r.rows, "generation": r.generation, "applied": r.applied,
-            "ablation": r.ablation, "floors": r.floors}
+            "git_sha": source_revision(), "meta": r.meta, "rows": r.rows, "generation": r.generation,
+            "applied": r.applied, "ablation": r.ablation, "floors": r.floors}

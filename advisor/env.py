@@ -20,7 +20,10 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
 import platform
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,6 +51,22 @@ def _triton_version() -> str | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
+
+
+def source_revision() -> str | None:
+    """The git commit advisor runs from: $ADVISOR_GIT_SHA where set (a copied checkout's
+    own .git may be stale), else `git rev-parse HEAD` beside the package, else None.
+    Recorded in result files, never in the recipe environment (a commit changes no
+    kernel's timing by itself)."""
+    sha = os.environ.get("ADVISOR_GIT_SHA")
+    if sha:
+        return sha
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             check=True, timeout=5, cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def environment(device: torch.device | str) -> dict[str, Any]:

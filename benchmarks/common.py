@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -13,14 +12,9 @@ import torch
 
 
 def git_sha() -> str:
-    sha = os.environ.get("ADVISOR_GIT_SHA")
-    if sha:
-        return sha
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=Path(__file__).parent).stdout.strip()
-    except Exception:
-        return "unknown"
+    from advisor.env import source_revision
+
+    return source_revision() or "unknown"
 
 
 def header(device: torch.device, **conditions: Any) -> dict[str, Any]:

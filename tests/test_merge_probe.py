@@ -54,10 +54,10 @@ def test_measured_merges_price_the_candidate():
     qkv, gate_up = timed["qkv_merge"], timed["gate_up_merge"]
     assert qkv.device_saving_ms == pytest.approx(0.5 * qkv.count)
     assert qkv.predicted_saving_ms == pytest.approx(max(plain["qkv_merge"].predicted_saving_ms, 0.5 * qkv.count))
-    # A merge measured slower on the device keeps its (host-side) launch price in eager, and
-    # reads as a loss under CUDA graphs.
+    # A merge measured slower on the device is priced as the loss it is (session 13: the
+    # max with the launch price hid a -1.5 ms family at 512 tokens behind +1.28 ms).
     assert gate_up.device_saving_ms == pytest.approx(-0.25 * gate_up.count)
-    assert gate_up.predicted_saving_ms == pytest.approx(plain["gate_up_merge"].predicted_saving_ms)
+    assert gate_up.predicted_saving_ms == pytest.approx(gate_up.device_saving_ms)
     assert timed["add_rms_norm"].device_saving_ms is None
     assert timed["add_rms_norm"].predicted_saving_ms == plain["add_rms_norm"].predicted_saving_ms
     ceilings = {"graph_launch_us": 1.0, "copy_gbps": 4000.0}

@@ -11,7 +11,10 @@ changing the GEMM's own time), the caller passes the measured device-time saving
 site (`advisor/profile/merge_probe.py`, `advisor/runtime/site_probe.py`). The candidate
 then carries it as `device_saving_ms` (what a CUDA-graph replay gains) and is priced
 at max(launch + bytes price, device saving): eager at small sizes is host-bound (the
-removed launches' host time is the saving), at large sizes device-bound.
+removed launches' host time is the saving), at large sizes device-bound. A measured
+loss is the price itself: a fused kernel slower on the device than what it replaces
+(the Triton GEMMs against cuBLAS at 512 tokens: -1.5 ms for the norm->QKV family on an
+H100, session 13) is not a saving whatever launches it removes.
 """
 
 from __future__ import annotations
@@ -66,6 +69,14 @@ def _launches_removed(m: Match) -> int:
     return max(0, m.launches() - 1)
 
 
+def _predicted(priced: float, device: float | None) -> float:
+    """The launch + bytes price, the device-measured saving where larger, and a measured
+    device loss as it is (module docstring)."""
+    if device is None:
+        return priced
+    return device if device < 0 else max(priced, device)
+
+
 def candidates(matches: list[Match], costs: Costs,
                measured: Callable[[Match], float | None] | None = None,
                unmeasured: Callable[[Match], str] | None = None) -> list[Candidate]:
@@ -89,7 +100,7 @@ def candidates(matches: list[Match], costs: Costs,
         out.append(Candidate(
             family=family, kernel=ms[0].kernel, sites=tuple(m.module for m in ms),
             count=len(ms), launches_removed=removed, bytes_avoided=avoided,
-            predicted_saving_ms=priced if device is None else max(priced, device),
+            predicted_saving_ms=_predicted(priced, device),
             device_saving_ms=device, probe_note=note,
         ))
     return sorted(out, key=lambda c: (-c.predicted_saving_ms, c.family))
