@@ -252,3 +252,25 @@ def test_linear_residual_folds_the_residual_add_into_the_projection():
         assert rows["linear_residual"]["applied"] == 4, rows  # 2 layers x (o_proj, down_proj)
         assert rows["(all)"]["compiles"] == 1
     assert rows["add_rms_norm_linear"]["applied"] > 0
+
+
+def test_confirmation_inputs_keep_the_models_strides():
+    """A site is confirmed on random inputs laid out as the model's: a padded mask row
+    (what SDPA's efficient kernel is handed on CUDA: a (1, 1, 1, 1) mask of row stride 16,
+    refused when dense) and a broadcast (stride 0) dim stay so, also through the copy each
+    side of the comparison gets."""
+    from torch import fx
+
+    from advisor.runtime.rewrite import clone_laid_out, random_like
+
+    graph = fx.Graph()
+    node = graph.placeholder("mask")
+    gen = torch.Generator().manual_seed(0)
+    base = torch.empty(1, 1, 1, 16)
+    for value, stride in ((base[..., :1], (16, 16, 16, 1)),
+                          (torch.empty(2, 1, 3, 5).expand(2, 4, 3, 5), (15, 0, 5, 1))):
+        node.meta["val"] = value
+        x = random_like(node, gen)
+        assert x.shape == value.shape and x.stride() == stride and (x != 0).all()
+        copy = clone_laid_out(x)
+        assert copy.stride() == stride and torch.equal(copy, x) and copy.data_ptr() != x.data_ptr()

@@ -1,8 +1,11 @@
 """More `transformers` families than tests/hf_models.py builds, each as a tiny random
 model: `apply` with every family matches eager, refuses no site it found, and removes
-launches. These are the spellings a model we have not seen may use (parallel attention
-and MLP, Conv1D-free GPT variants, MoE experts, hand-written LayerNorm, interleaved RoPE,
-spelled-out GELUs, head norms)."""
+launches. Each brings a spelling a model we have not seen may use: GPT-2's spelled-out
+GELU and biased LayerNorm, OPT's (B·T, D) MLP rows, Phi's partial rotary and gelu_new in
+the GEMM, Qwen3's and OLMo2's head norms (OLMo2: fp32 RoPE tables), Mixtral's experts.
+(Falcon, Qwen3-MoE, StableLM, Starcoder2, GPT-J, Gemma3, Granite, Cohere and CLIP's text
+model were checked the same way by hand in session 13; tests/test_apply.py and
+tests/test_patterns.py cover Cohere and GPT-J's MLP.)"""
 
 from __future__ import annotations
 
@@ -22,25 +25,15 @@ _GPT = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256)
 # family: (config class, model class, config kwargs, families that must apply)
 FAMILIES = {
     "Qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(_DECODER, head_dim=16), {"attention_rope", "rms_norm"}),
-    "Qwen3Moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-                 dict(_DECODER, head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2),
-                 {"attention_rope", "gated_act"}),
     "Mixtral": ("MixtralConfig", "MixtralForCausalLM", _DECODER, {"attention_rope", "gated_act"}),
     "Olmo2": ("Olmo2Config", "Olmo2ForCausalLM", _DECODER, {"attention_rope", "rms_norm"}),
-    "StableLm": ("StableLmConfig", "StableLmForCausalLM", _DECODER, {"rope", "add_layer_norm"}),
-    "Starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", _DECODER, {"linear_bias_act", "add_layer_norm"}),
     "Phi": ("PhiConfig", "PhiForCausalLM", dict(_DECODER, num_key_value_heads=4, partial_rotary_factor=0.5),
             {"linear_bias_act", "rope"}),
-    "GPTJ": ("GPTJConfig", "GPTJForCausalLM", dict(_GPT, rotary_dim=8), {"linear_bias_act"}),
     "GPT2": ("GPT2Config", "GPT2LMHeadModel", _GPT, {"bias_act", "add_layer_norm"}),
     "OPT": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=64, ffn_dim=96, num_hidden_layers=2,
                                                  num_attention_heads=4, vocab_size=128,
                                                  max_position_embeddings=256, word_embed_proj_dim=64),
             {"linear_bias_act", "layer_norm"}),
-    "Falcon": ("FalconConfig", "FalconForCausalLM", dict(hidden_size=64, num_hidden_layers=2,
-                                                         num_attention_heads=4, vocab_size=128,
-                                                         new_decoder_architecture=True, num_kv_heads=2),
-               {"attention_rope", "layer_norm"}),
 }
 
 

@@ -68,7 +68,9 @@ def random_like(node: fx.Node, gen: torch.Generator, slots: int | None = None,
     keys, and an integer input is the queries' positions: random in [0, keys], so some keys
     are hidden and some rows see them all. Other integer inputs are positions too (random,
     < RANDOM_POSITIONS). A match whose graph cannot take them (an index out of range) fails
-    to confirm and stays unfused."""
+    to confirm and stays unfused. Float inputs are laid out with the node's own strides
+    (`_laid_out`): SDPA's efficient kernel reads a mask only through the aligned, padded
+    view the model hands it, and a dense copy of a (1, 1, 1, 1) mask is refused."""
     val = node.meta.get("val")
     if isinstance(val, (int, torch.SymInt)):
         return hint(val)
@@ -84,7 +86,29 @@ def random_like(node: fx.Node, gen: torch.Generator, slots: int | None = None,
         return torch.randint(0, RANDOM_POSITIONS, shape, generator=gen).to(device=t.device, dtype=t.dtype)
     if not t.dtype.is_floating_point:
         raise EmitError(f"operand {node.name} is {t.dtype}; cannot confirm with random values")
-    return randn_nonzero(shape, t.dtype, t.device, gen)
+    return _laid_out(shape, tuple(hint(s) for s in t.stride()), t.dtype, t.device, gen)
+
+
+def _laid_out(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype,
+              device: torch.device, gen: torch.Generator) -> torch.Tensor:
+    """Random non-zero values in a tensor of this shape and these strides (a padded row,
+    a broadcast (stride 0) dim): a view of a random buffer spanning them."""
+    dense = torch.empty(shape, device="meta").stride()
+    if stride == dense or 0 in shape:
+        return randn_nonzero(shape, dtype, device, gen)
+    span = 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+    return randn_nonzero((span,), dtype, device, gen).as_strided(shape, stride)
+
+
+def clone_laid_out(value: Any) -> Any:
+    """A copy keeping the strides (Tensor.clone() makes a padded or broadcast layout
+    dense); non-tensors as they are."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.is_contiguous():
+        return value.clone()
+    out = value.new_empty(0)
+    return out.set_(value.untyped_storage().clone(), value.storage_offset(), value.size(), value.stride())
 
 
 def extract(m: Match, keep: tuple[fx.Node, ...] = ()) -> tuple[fx.GraphModule, list[fx.Node], Match]:
@@ -142,8 +166,8 @@ def confirm(m: Match, config: str, seed: int = 0) -> float:
     with unset_fake_temporarily(), torch.inference_mode():
         args = [random_like(n, gen, m.operands.get("slots"), m.operands.get("keys")) for n in inputs]
         # Each side on its own copy: a match may write its inputs in place (a KV cache).
-        want = ref_gm(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
-        got = fused_gm(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+        want = ref_gm(*[clone_laid_out(a) for a in args])
+        got = fused_gm(*[clone_laid_out(a) for a in args])
         try:
             return _compare(want, got)
         except EmitError as mismatch:

@@ -5,9 +5,9 @@ aten.gelu (approximate none/tanh) and aten.relu directly; any other chain of ele
 ops of one tensor (`x·sigmoid(x)`, GPT-2's `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`,
 `x·0.5·(1 + erf(x/√2))`, `clamp_min(x, 0)`, CLIP's `x·sigmoid(1.702·x)`, …) by evaluating
 the chain on probe values and comparing with each activation the kernels implement
-(`spelled_activation`). A gated
-activation is `act(g) · u` with g and u of one shape (SwiGLU, GeGLU); bias+act is
-`act(x + b)` with b a (N,) parameter, including the `addmm(b, x, W)` form nn.Linear lowers to.
+(`spelled_activation`). A gated activation is `act(g) · u` with g and u of one shape
+(SwiGLU, GeGLU); bias+act is `act(x + b)` with b a (N,) parameter, including the
+`addmm(b, x, W)` form nn.Linear lowers to.
 """
 
 from __future__ import annotations
@@ -51,8 +51,6 @@ _PROBE = torch.cat([torch.linspace(-8.0, 8.0, 161, dtype=torch.float64),
                     torch.tensor([-30.0, -1e-3, 1e-3, 30.0], dtype=torch.float64)])
 _REFERENCES = {name: functools.partial(activation_ref, name) for name in ACTIVATIONS}
 _SPELLED_RTOL = 1e-5  # float64 evaluation: a true spelling agrees to ~1e-9 (constants to 10 digits)
-
-
 _CONSTANTS = {aten.scalar_tensor.default, aten.full.default}  # `where(x > 0, x, 0.0)`'s 0.0
 
 

@@ -118,9 +118,6 @@ def _weight(normed: fx.Node, n_cols: int,
     return out, None, 0.0, extra
 
 
-
-
-
 def _is_vector(node: fx.Node, n: int) -> bool:
     t = fake(node)
     return t is not None and t.dim() == 1 and int(t.shape[0]) == n

@@ -76,7 +76,6 @@ def _rotate_half(cat: fx.Node) -> tuple[Any, list[fx.Node]] | None:
     return x, [*split, *halves, parts[0], cat]
 
 
-_END = 2**62  # a slice's "to the end" (sys.maxsize in the captured graph)
 _FLATTENS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
