@@ -86,12 +86,19 @@ def nan_filled(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: 
     return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
 
 
+_DRAWABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def randn_nonzero(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str,
     generator: torch.Generator | None = None, scale: float = 1.0,
 ) -> torch.Tensor:
     """Random normal values pushed away from zero (|x| >= 0.05·scale), so zeros cannot
-    hide unwritten outputs or wrong indexing."""
-    x = torch.randn(shape, generator=generator, dtype=torch.float32)
+    hide unwritten outputs or wrong indexing. Drawn where the generator lives (the host
+    by default); on an accelerator in the target dtype: confirming a (128256, 4096)
+    lm_head site drew 525M fp32 values on the host, seconds of a first call."""
+    where = generator.device if generator is not None else torch.device("cpu")
+    draw = dtype if where.type != "cpu" and dtype in _DRAWABLE else torch.float32
+    x = torch.randn(shape, generator=generator, dtype=draw, device=where)
     x = torch.where(x.abs() < 0.05, torch.sign(x + 1e-9) * 0.05, x) * scale
     return x.to(device=device, dtype=dtype)

@@ -60,7 +60,21 @@ class RewriteReport:
 RANDOM_POSITIONS = 8192  # integer operands are confirmed with random values below this
 
 
-def random_like(node: fx.Node, gen: torch.Generator, slots: int | None = None,
+class Generators:
+    """One seeded generator per device, so random inputs are drawn where they live: a
+    site's (128256, 4096) lm_head weight drawn on the host and copied over took seconds
+    of a first call's confirmations (on the GPU: about a millisecond)."""
+
+    def __init__(self, seed: int):
+        self.seed, self._by_device = seed, {}
+
+    def on(self, device: torch.device) -> torch.Generator:
+        if device not in self._by_device:
+            self._by_device[device] = torch.Generator(device=device).manual_seed(self.seed)
+        return self._by_device[device]
+
+
+def random_like(node: fx.Node, gen: torch.Generator | Generators, slots: int | None = None,
                  keys: int | None = None) -> Any:
     """A random non-zero tensor shaped like the node's value (a SymInt input: its hint).
     `slots`: the match writes a cache of that many positions, and an integer input is the
@@ -78,12 +92,14 @@ def random_like(node: fx.Node, gen: torch.Generator, slots: int | None = None,
     if t is None:
         raise EmitError(f"operand {node.name} has no tensor metadata")
     shape = tuple(hint(s) for s in t.shape)
+    gen = gen.on(t.device) if isinstance(gen, Generators) else gen
+    on = {"generator": gen, "device": gen.device}
     if slots is not None and not t.dtype.is_floating_point and len(shape) == 1 and shape[0] <= slots:
-        return torch.randperm(slots, generator=gen)[:shape[0]].to(device=t.device, dtype=t.dtype)
+        return torch.randperm(slots, **on)[:shape[0]].to(device=t.device, dtype=t.dtype)
     if keys is not None and t.dtype in (torch.int32, torch.int64):
-        return torch.randint(0, keys + 1, shape, generator=gen).to(device=t.device, dtype=t.dtype)
+        return torch.randint(0, keys + 1, shape, **on).to(device=t.device, dtype=t.dtype)
     if t.dtype in (torch.int32, torch.int64):  # positions (rope_table): long contexts' angles
-        return torch.randint(0, RANDOM_POSITIONS, shape, generator=gen).to(device=t.device, dtype=t.dtype)
+        return torch.randint(0, RANDOM_POSITIONS, shape, **on).to(device=t.device, dtype=t.dtype)
     if not t.dtype.is_floating_point:
         raise EmitError(f"operand {node.name} is {t.dtype}; cannot confirm with random values")
     return _laid_out(shape, tuple(hint(s) for s in t.stride()), t.dtype, t.device, gen)
@@ -161,7 +177,7 @@ def confirm(m: Match, config: str, seed: int = 0) -> float:
     emit(fused_gm.graph, local, config)
     fused_gm.graph.eliminate_dead_code()
     use_direct_calls(fused_gm)  # confirm exactly what will run
-    gen = torch.Generator().manual_seed(seed)
+    gen = Generators(seed)
     # Compilers run under the tracer's fake mode: confirm on real tensors.
     with unset_fake_temporarily(), torch.inference_mode():
         args = [random_like(n, gen, m.operands.get("slots"), m.operands.get("keys")) for n in inputs]

@@ -40,7 +40,7 @@ from advisor.profile.merge_probe import MERGE_KERNEL
 from advisor.profile.replay import CaptureFailed, copies_past_l2, device_ms
 from advisor.runtime.direct import use_direct_calls
 from advisor.runtime.emit import emit
-from advisor.runtime.rewrite import extract, random_like, site_signature
+from advisor.runtime.rewrite import Generators, extract, random_like, site_signature
 
 DEFAULT_CONFIG = ""  # the registry's default config for the site's problem
 
@@ -83,7 +83,7 @@ def skip_reason(m: Match, device: torch.device) -> str | None:
 def _arg_sets(m: Match, inputs: list[Any], copies: int, seed: int) -> list[list[Any]]:
     """`copies` independent random input sets for the extracted site; a kernel's weight
     list (operands["weights"]) as adjacent row slices of one (ΣN, K) buffer."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = Generators(seed)
     weights = [inputs.index(w) for w in m.operands.get("weights", []) if w in inputs]
     sets = []
     for _ in range(copies):
