@@ -5,33 +5,39 @@
 #   ADVISOR_GIT_SHA=$(git rev-parse --short HEAD) bash benchmarks/next_gpu_session.sh tune
 # Stages:
 #   tune    analyze at 1/512 (the merge and site probes' first CUDA run); a tune seeded per
-#           bucket (3cc3c88) -> $OUT/llama_hf-h200.json
+#           bucket (3cc3c88) -> $OUT/llama_hf-<card>.json (h200 or h100)
 #   bench   RECIPE (default the committed one; pass tune's output) vs eager and both
 #           torch.compile modes at 1/128/512/2048: latency, kernels, cold start fields
 #   ablate  each family of RECIPE toggled at 1/512, for predicted-vs-measured savings
 #   all     one ~580 s command: analyze 1/512, bench RECIPE at 1/128/512/2048, the rope_table
 #           plan at 1 token, ablate 1/512, four memory-bound kernels at 2048/8192
+#   coldstart  benchmarks/cold_start.py in fresh processes at 1 token, cold then warm caches:
+#           PLAN (default the light prefill plan, which applies on any card) and
+#           torch.compile reduce-overhead -> $OUT/coldstart-*.json
 #   kernels issue 3's memory-bound kernels at 2048/8192 (default configs), then issue 6's
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
-stage=${1:?stage: tune, bench or ablate}
+# Several stages run in order in one command: ... next_gpu_session.sh coldstart tune
+[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, coldstart, kernels or all" >&2; exit 2; }
 RECIPE=${RECIPE:-recipes/llama_hf-h200.json}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 : "${ADVISOR_GIT_SHA:?set ADVISOR_GIT_SHA, the git fallback on the device is stale}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt"
 model=examples/llama_hf.py
+card=$(grep -q H200 "$OUT/gpu.txt" && echo h200 || echo h100)  # a recipe is per card
+for stage in "$@"; do
 case $stage in
 tune)
-  timeout 140 python3 -m advisor.cli analyze $model --shapes 1,512 \
+  timeout ${ANALYZE_S:-140} python3 -m advisor.cli analyze $model --shapes 1,512 \
     --json "$OUT/analysis.json" > "$OUT/analyze.log" 2>&1
   echo "analyze rc=$?" >> "$OUT/analyze.log"
-  # 330 s of search, 420 s hard stop: the journal keeps finished trials past a kill
-  timeout 420 python3 -m advisor.cli tune $model --shapes 1,128,512,2048 --trials 4 \
-    --time-budget 330 --seed-plan "$RECIPE" \
+  # TUNE_S - 90 s of search, TUNE_S hard stop: the journal keeps finished trials past a kill
+  timeout ${TUNE_S:-420} python3 -m advisor.cli tune $model --shapes 1,128,512,2048 --trials 4 \
+    --time-budget $(( ${TUNE_S:-420} - 90 )) --seed-plan "$RECIPE" \
     --seed-plan recipes/prefill-light-attention-cudagraph.plan.json \
     --seed-plan recipes/decode-swiglu-table-pdl-cudagraph.plan.json \
-    --out "$OUT/llama_hf-h200.json" > "$OUT/tune.log" 2>&1
+    --out "$OUT/llama_hf-$card.json" > "$OUT/tune.log" 2>&1
   echo "tune rc=$?" >> "$OUT/tune.log"
   tail -4 "$OUT/analyze.log"; tail -30 "$OUT/tune.log" ;;
 bench)
@@ -75,5 +81,17 @@ all)  # one device command of ~580 s when the budget allows only one: measure, d
     timeout "${KERNELS_S:-60}" python3 benchmarks/bench_kernels.py --tokens 2048,8192 --sweep 0 \
       --kernels gated_act_merged,gated_act,rms_norm,layer_norm >> "$log" 2>&1; fi
   step done; tail -60 "$log" ;;
+coldstart)
+  PLAN=${PLAN:-recipes/prefill-light-attention-cudagraph.plan.json}
+  export TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
+  for cache in cold warm; do
+    timeout 120 python3 benchmarks/cold_start.py --recipe "$PLAN" --tokens 1 \
+      --json "$OUT/coldstart-advisor-$cache.json" >> "$OUT/coldstart.log" 2>&1
+    timeout 120 python3 benchmarks/cold_start.py --compile reduce-overhead --tokens 1 \
+      --json "$OUT/coldstart-compile-ro-$cache.json" >> "$OUT/coldstart.log" 2>&1
+  done
+  unset TRITON_CACHE_DIR TORCHINDUCTOR_CACHE_DIR
+  grep " to first forward" "$OUT/coldstart.log" ;;
 *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
+done
