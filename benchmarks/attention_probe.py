@@ -8,8 +8,10 @@ At Llama-3-8B shapes (32 q / 8 kv heads, head dim 128, bf16, batch 1):
           match is reported and the run goes on.
   time    SDPA (best backend, enable_gqa) on rotated q, k; ours on the same rotated q, k with
           the default config and with each listed config (exactly that config: `keep` is
-          reported, not applied); ours_rope: the whole launch with RoPE (rope_qk once, then
-          the default config). TFLOP/s = attention.flops (causal pairs · 4 · Hq · D) / time.
+          reported, not applied); ours_rope: the whole launch with RoPE (from 512 tokens k
+          rotated once by a rope launch, q on load; the default config) against
+          sdpa_rope: RoPE then SDPA as `attention.unfused` spells it, eager and
+          torch.compile'd (issue 6: ours + RoPE >= SDPA + RoPE). TFLOP/s = attention.flops (causal pairs · 4 · Hq · D) / time.
 Device time from CUDA-graph replays (triton.testing.do_bench_cudagraph, median), as the
 probe's earlier runs. One summary line per config; JSON attention_probe.json under $OUT.
 
@@ -45,6 +47,7 @@ from benchmarks.common import header, write  # noqa: E402
 CONFIGS = ("128x128w8s2", "128x128w8s3", "128x64w8s3", "128x64w8s2", "64x128w4s3",
            "64x128w4s2", "64x64w4s3")
 CHECK_NONCAUSAL = (1000, 1500)  # (Tq, Tk)
+ROPE_CHECK_MAX = 2048  # the fp32 reference's scores at 8192 tokens are 8.6 GB
 DEVICE = torch.device("cuda")
 HEADS = {"batch": 1, "hq": 32, "hkv": 8, "d": 128}  # Llama-3-8B
 
@@ -103,6 +106,9 @@ def guarded(what, fn, *args):
         return {"error": f"{type(e).__name__}: {str(e)[:500]}"}
 
 
+COMPILED_UNFUSED = torch.compile(attention.unfused, dynamic=False)
+
+
 def compiled(q, k, v, scale, causal, cfg):
     """Launch once (compiling); the kernel's registers, spills and shared bytes."""
     return resources(attention._run(q, k, v, None, None, causal, scale, False, cfg)[1])
@@ -140,8 +146,16 @@ def shape_row(tq, tk, causal, configs, rep, do_check, do_time) -> dict:
         q0, k0, cos, sin = raw
         row["sdpa"] = time_it(lambda: F.scaled_dot_product_attention(
             q, k, v, is_causal=causal, scale=scale, enable_gqa=True), flops, rep)
-        row["ours_rope"] = guarded("ours_rope", time_it, lambda: attention.launch_attention(
-            q0, k0, v, cos, sin, None, causal, scale), flops, rep)
+        ours_rope = lambda: attention.launch_attention(q0, k0, v, cos, sin, None, causal, scale)  # noqa: E731
+        row["ours_rope"] = guarded("ours_rope", time_it, ours_rope, flops, rep)
+        if tq <= ROPE_CHECK_MAX:  # whatever --no-check says: the launch with RoPE is checked
+            want = attention.reference(q0.float(), k0.float(), v.float(), cos.float(), sin.float(),
+                                       causal=causal, scale=scale)
+            row["ours_rope"]["check"] = guarded("ours_rope check", check, ours_rope, want)
+            del want
+        for name, fn in (("sdpa_rope", attention.unfused), ("compiled_rope", COMPILED_UNFUSED)):
+            row[name] = guarded(name, time_it, lambda fn=fn: fn(
+                q0, k0, v, cos, sin, None, causal, scale, False), flops, rep)
     del want
     torch.cuda.empty_cache()
     return row
@@ -167,8 +181,11 @@ def summary(rows: list[dict], names: list[str]) -> None:
                          if "us" in e else f"{'n/a':>25s}")
         print(f"{name:>12s} {verdict:5s}", " ".join(cells), flush=True)
     for r in timed:
-        if isinstance(r.get("ours_rope"), dict) and "us" in r["ours_rope"]:
-            print(f"ours_rope {r['tq']}: {r['ours_rope']['us']:.1f}us (default {r['default_config']})")
+        us = {k: r[k]["us"] for k in ("ours_rope", "sdpa_rope", "compiled_rope")
+              if isinstance(r.get(k), dict) and "us" in r[k]}
+        ok = r.get("ours_rope", {}).get("check", {}).get("ok", "unchecked")
+        print(f"with RoPE, {r['tq']} tokens (default {r['default_config']}; ours ok: {ok}): "
+              + ", ".join(f"{k} {v:.1f}us" for k, v in us.items()))
 
 
 def main() -> None:

@@ -14,6 +14,7 @@
 #   coldstart  benchmarks/cold_start.py in fresh processes at 1 token, cold then warm caches:
 #           PLAN (default the light prefill plan, which applies on any card) and
 #           torch.compile reduce-overhead -> $OUT/coldstart-*.json
+#   attention  attention_probe.py at 512/2048/8192: ours + RoPE vs RoPE + SDPA, eager/compiled
 #   kernels issue 3's memory-bound kernels at 2048/8192 (default configs), then issue 6's
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
@@ -81,6 +82,10 @@ all)  # one device command of ~580 s when the budget allows only one: measure, d
     timeout "${KERNELS_S:-60}" python3 benchmarks/bench_kernels.py --tokens 2048,8192 --sweep 0 \
       --kernels gated_act_merged,gated_act,rms_norm,layer_norm >> "$log" 2>&1; fi
   step done; tail -60 "$log" ;;
+attention)  # issue 6: ours + RoPE against RoPE + SDPA (eager and compiled), default config
+  timeout ${ATTENTION_S:-90} python3 benchmarks/attention_probe.py --tokens 512,2048,8192 \
+    --configs none --no-check > "$OUT/attention.log" 2>&1
+  tail -8 "$OUT/attention.log" ;;
 coldstart)
   PLAN=${PLAN:-recipes/prefill-light-attention-cudagraph.plan.json}
   export TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
