@@ -149,10 +149,10 @@ def shape_row(tq, tk, causal, configs, rep, do_check, do_time) -> dict:
         ours_rope = lambda: attention.launch_attention(q0, k0, v, cos, sin, None, causal, scale)  # noqa: E731
         row["ours_rope"] = guarded("ours_rope", time_it, ours_rope, flops, rep)
         if tq <= ROPE_CHECK_MAX:  # whatever --no-check says: the launch with RoPE is checked
-            want = attention.reference(q0.float(), k0.float(), v.float(), cos.float(), sin.float(),
-                                       causal=causal, scale=scale)
-            row["ours_rope"]["check"] = guarded("ours_rope check", check, ours_rope, want)
-            del want
+            exact = attention.reference(q0.float(), k0.float(), v.float(), cos.float(), sin.float(),
+                                        causal=causal, scale=scale)
+            row["ours_rope"]["check"] = guarded("ours_rope check", check, ours_rope, exact)
+            del exact
         for name, fn in (("sdpa_rope", attention.unfused), ("compiled_rope", COMPILED_UNFUSED)):
             row[name] = guarded(name, time_it, lambda fn=fn: fn(
                 q0, k0, v, cos, sin, None, causal, scale, False), flops, rep)
