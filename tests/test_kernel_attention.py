@@ -133,14 +133,14 @@ def test_rope_on_load(interleaved, dtype):
 
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_rope_rotated_once_before_long_prefill(interleaved, monkeypatch):
-    """From ROTATE_ONCE_MIN_TQ queries (Tq == Tk), k is rotated by one rope launch of its
-    own and q on load: same result, every table form, partial rotary."""
+    """From ROTATE_ONCE_MIN_TQ queries (Tq == Tk), q and k are rotated by one rope_qk launch
+    and attended without RoPE on load: same result, every table form, partial rotary."""
     gen = _gen(16)
     b, t, d = 2, 19, 32
     q, k, v = _qkv(b, 4, 2, t, t, d, torch.bfloat16, gen)
     calls = []
-    real = rope.launch_rope_k
-    monkeypatch.setattr(rope, "launch_rope_k", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = rope.launch_rope_qk
+    monkeypatch.setattr(rope, "launch_rope_qk", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     monkeypatch.setattr(attn, "ROTATE_ONCE_MIN_TQ", t)
     cos, sin = (randn_nonzero((b, t, 24), torch.bfloat16, CPU, gen, scale=0.7) for _ in range(2))
     _check(q, k, v, cos, sin, causal=True, interleaved=interleaved, config=_cfg(16, 16))

@@ -60,17 +60,6 @@ def test_gqa_partial_rotary_strided(dtype, interleaved):
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_k_alone(interleaved):
-    """launch_rope_k (attention's rotate-once path): k rotated as rope_qk rotates it."""
-    gen = _gen(5)
-    q, k = _qk(2, 5, 4, 2, 40, torch.bfloat16, gen)
-    cos, sin = _tables((2, 5, 24), torch.bfloat16, gen)
-    ko = rope.launch_rope_k(k, cos, sin, interleaved)
-    assert ko.stride() == torch.empty_like(k).stride()
-    assert_close(ko, rope.reference(q, k, cos, sin, interleaved)[1])
-
-
-@pytest.mark.parametrize("interleaved", [False, True])
 def test_mqa_multi_chunk(interleaved):
     # MQA (Hkv=1), head blocks partly masked (Hq=3), BLOCK_D=32 < D=96: partners cross chunks.
     gen = _gen(2)

@@ -2,8 +2,7 @@
 
 softmax(q·kᵀ·scale + mask [+ causal]) · v with an online softmax (running max m and sum l,
 fp32 accumulator). RoPE (both conventions of `advisor.kernels.rope`) rotates q and k as they
-are loaded: no rotated q is written; a long prefill (Tq == Tk >= ROTATE_ONCE_MIN_TQ) has k
-rotated once by a rope launch first, since every query block reads every K tile. GQA/MQA maps q head h to kv head h // (Hq/Hkv).
+are loaded: no rotated q/k is written. GQA/MQA maps q head h to kv head h // (Hq/Hkv).
 q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D) in any strides; out (B, Hq, Tq, D) contiguous. Causal
 is bottom-right (query i sees keys j <= i + Tk - Tq, as with a KV cache) and query i takes
 RoPE row i + Tk - Tq. `q_pos` (B|1, Tq) integer positions: query i of batch b sees keys
@@ -60,12 +59,10 @@ from advisor.kernels.space import Config, ConfigSpace, Problem, decode
 from advisor.kernels.testing import randn_nonzero
 
 DECODE_MAX_TQ = 16  # Tq at or below this takes the decode path (packed heads, split-K)
-# From this many queries (Tq == Tk) k is rotated once by a rope launch of its own before the
-# kernel instead of on load: on load, every query block re-rotates every K tile. H200
-# 2026-12-02 (benchmarks/attention_probe.py, q and k rotated once then): 31.2 -> 23.3 µs at
-# 512 tokens, 267 -> 177 at 2048, 2984 -> 1882 at 8192 (Llama-3-8B heads, causal, bf16).
-# q stays rotated on load: each program loads its q tile once, so rotating q there costs
-# no extra pass (a separate pass over q was 4 of the 5 parts of that launch's bytes).
+# From this many queries (Tq == Tk) RoPE is applied by one rope_qk launch before the kernel
+# instead of on load: on load, every query block re-rotates every K tile. H200 2026-12-02
+# (benchmarks/attention_probe.py): 31.2 -> 23.3 µs at 512 tokens, 267 -> 177 at 2048,
+# 2984 -> 1882 at 8192 (Llama-3-8B heads, causal, bf16). Below 512 not measured: on load.
 ROTATE_ONCE_MIN_TQ = 512
 MAX_D = 256
 LOG2E = tl.constexpr(1.4426950408889634)  # scores scaled into the log2 domain: e^x = 2^(x·log2 e)
@@ -312,8 +309,7 @@ def _attn_kernel(
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sc_b, sc_t, sm_b, sm_h, sm_i, sm_j,  # table strides (R contiguous); mask strides
     sp_b, sp_t,  # position strides
-    R: tl.constexpr,  # rotary dim (<= D, even) of q; 0: no RoPE
-    R_K: tl.constexpr,  # of k (0: k comes rotated, see ROTATE_ONCE_MIN_TQ)
+    R: tl.constexpr,  # rotary dim (<= D, even); 0: no RoPE
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_POS: tl.constexpr,
     INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr, INTERP_BF16: tl.constexpr,
     FINITE: tl.constexpr,  # no additive mask and qk_scale >= 0: unmasked blocks' scores finite
@@ -376,11 +372,11 @@ def _attn_kernel(
     mask_rows = b * sm_b + head * sm_h + i64 * sm_i
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, MASK, mask_rows, i,
                             row_ok, pos_i, lo, full, off, qk_scale, sk_t, sk_d, sv_t, sv_d, sc_t,
-                            sm_j, D, R_K, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED, False, FINITE,
+                            sm_j, D, R, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED, False, FINITE,
                             EVEN_D, INTERP_BF16, BLOCK_N, BLOCK_D)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, MASK, mask_rows, i,
                             row_ok, pos_i, full, hi, off, qk_scale, sk_t, sk_d, sv_t, sv_d, sc_t,
-                            sm_j, D, R_K, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED, True, False,
+                            sm_j, D, R, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED, True, False,
                             EVEN_D, INTERP_BF16, BLOCK_N, BLOCK_D)
 
     d = tl.arange(0, BLOCK_D)
@@ -446,13 +442,12 @@ def _rows(p: Problem) -> int:
 def _smem(cfg: Config, p: Problem) -> int:
     """Shared bytes: q, num_stages k and v tiles, one mask tile (additive mask). Equal to
     the compiler's figure for sm_90 at D=128 bf16 (triton 3.9, 128x128 tiles, 2-3 stages).
-    k rotated on load (see `_rotate_k_once`) pipelines k's rotate partner and the
+    RoPE on load (below ROTATE_ONCE_MIN_TQ queries) pipelines k's rotate partner and the
     cos/sin rows too: counted as 4 K-side tiles per stage (H200, 128 queries, 128x128 at 2
     stages: the compiler asked 256 KB where k + v alone is 160 KB; 4 tiles give 288 KB)."""
     bd = _block_d(p["d"])
     mask = cfg["BLOCK_M"] * cfg["BLOCK_N"] if p.get("mask") else 0
-    k_on_load = p.get("rope") and not p["tq"] == p["tk"] >= ROTATE_ONCE_MIN_TQ  # _rotate_k_once
-    k_tiles = 4 if k_on_load else 1
+    k_tiles = 4 if p.get("rope") and p["tq"] < ROTATE_ONCE_MIN_TQ else 1
     stage = cfg["BLOCK_N"] * bd * (k_tiles + 1)  # K side + v
     return (stage * cfg["num_stages"] + cfg["BLOCK_M"] * bd + mask) * _ELT.get(p["dtype"], 4)
 
@@ -588,10 +583,8 @@ def _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos=
     return SPACE.resolve(config, p), tables, m4, pos
 
 
-def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=False, pos=None,
-         k_rotated=False):
-    """Launch (or only compile: `warmup`) on checked inputs; with tables, q is rotated on
-    load and so is k unless `k_rotated`. Returns (out, compiled)."""
+def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=False, pos=None):
+    """Launch (or only compile: `warmup`) on checked inputs. Returns (out, compiled)."""
     b, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, Hq, Tq, D)
@@ -618,8 +611,7 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
             scale * math.log2(math.e),  # qk_scale: exp(x) = exp2(x · log2 e)
             *q.stride(), *k.stride(), *v.stride(),
             0 if c.shape[0] == 1 else c.stride(0), c.stride(1), *mask_strides, *pos_strides)
-    meta = {"R": rot, "R_K": 0 if k_rotated else rot, "CAUSAL": bool(causal),
-            "HAS_MASK": m4 is not None, "HAS_POS": pos is not None,
+    meta = {"R": rot, "CAUSAL": bool(causal), "HAS_MASK": m4 is not None, "HAS_POS": pos is not None,
             "INTERLEAVED": bool(interleaved) and rot > 0, "SPLIT": splits > 1,
             "INTERP_BF16": interpreting() and q.dtype == torch.bfloat16,
             "FINITE": m4 is None and scale >= 0, "EVEN_D": d == _block_d(d), "PREFILL": prefill,
@@ -638,13 +630,14 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
     return out, compiled
 
 
-def _rotate_k_once(q, k, cos, sin, interleaved) -> tuple[torch.Tensor, bool]:
-    """(k, whether it is rotated) for the kernel: from ROTATE_ONCE_MIN_TQ queries
-    (Tq == Tk), k rotated by one rope launch (same rounding as on load: fp32, rounded once);
-    otherwise as given (rotated on load, with q)."""
+def _rotate_once(q, k, cos, sin, interleaved):
+    """(q, k, cos, sin) for the kernel: from ROTATE_ONCE_MIN_TQ queries (Tq == Tk), q and k
+    rotated by one rope_qk launch (same rounding as on load: fp32, rounded once) and no
+    tables; otherwise as given (RoPE on load)."""
     if cos is not None and q.shape[2] == k.shape[2] >= ROTATE_ONCE_MIN_TQ:
-        return rope.launch_rope_k(k, cos, sin, interleaved), True
-    return k, False
+        q, k = rope.launch_rope_qk(q, k, cos, sin, interleaved)
+        return q, k, None, None
+    return q, k, cos, sin
 
 
 def launch_attention(q, k, v, cos=None, sin=None, mask=None, causal: bool = False,
@@ -652,9 +645,9 @@ def launch_attention(q, k, v, cos=None, sin=None, mask=None, causal: bool = Fals
                      config: Mapping[str, int] | None = None) -> torch.Tensor:
     """Attention of q (B, Hq, Tq, D) over k, v (B, Hkv, Tk, D); RoPE iff cos is given.
     Returns a new contiguous (B, Hq, Tq, D) tensor (`reference_op` semantics)."""
+    q, k, cos, sin = _rotate_once(q, k, cos, sin, interleaved)
     cfg, tables, m4, pos = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos)
-    k, k_rotated = _rotate_k_once(q, k, cos, sin, interleaved)
-    return _run(q, k, v, tables, m4, causal, scale, interleaved, cfg, pos=pos, k_rotated=k_rotated)[0]
+    return _run(q, k, v, tables, m4, causal, scale, interleaved, cfg, pos=pos)[0]
 
 
 def spills_attention(q, k, v, cos=None, sin=None, mask=None, causal=False, scale=None,
@@ -664,9 +657,9 @@ def spills_attention(q, k, v, cos=None, sin=None, mask=None, causal=False, scale
     if interpreting() or q.device.type != "cuda" or q.numel() == 0 or k.shape[2] == 0:
         _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos)  # input checks
         return None
+    q, k, cos, sin = _rotate_once(q, k, cos, sin, interleaved)  # the kernel that would run
     cfg, tables, m4, pos = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos)
-    k, k_rotated = _rotate_k_once(q, k, cos, sin, interleaved)  # the kernel that would run
-    res = resources(_run(q, k, v, tables, m4, causal, scale, interleaved, cfg, True, pos, k_rotated)[1])
+    res = resources(_run(q, k, v, tables, m4, causal, scale, interleaved, cfg, True, pos)[1])
     return None if res is None else res.n_spills
 
 
