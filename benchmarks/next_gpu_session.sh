@@ -12,7 +12,7 @@
 #   all     one ~580 s command: analyze 1/512, bench RECIPE at 1/128/512/2048, the rope_table
 #           plan at 1 token, ablate 1/512, four memory-bound kernels at 2048/8192
 #   coldstart  benchmarks/cold_start.py in fresh processes at 1 token, cold then warm caches:
-#           PLAN (default the light prefill plan, which applies on any card) and
+#           PLAN (default RECIPE: on another card, pass one whose environment is empty) and
 #           torch.compile reduce-overhead -> $OUT/coldstart-*.json
 #   attention  attention_probe.py at 512/2048/8192: ours + RoPE vs RoPE + SDPA, eager/compiled
 #   kernels issue 3's memory-bound kernels at 2048/8192 (default configs), then issue 6's
@@ -87,7 +87,7 @@ attention)  # issue 6: ours + RoPE against RoPE + SDPA (eager and compiled), def
     --configs none --no-check > "$OUT/attention.log" 2>&1
   tail -8 "$OUT/attention.log" ;;
 coldstart)
-  PLAN=${PLAN:-recipes/prefill-light-attention-cudagraph.plan.json}
+  PLAN=${PLAN:-$RECIPE}  # a recipe's one-token bucket is traced static (a plan file: symbolic)
   export TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
   for cache in cold warm; do
     timeout 120 python3 benchmarks/cold_start.py --recipe "$PLAN" --tokens 1 \
