@@ -45,6 +45,34 @@ def test_examples_all_fusions_match_and_do_not_recompile(path):
         assert applied[fam] > 0, (fam, summary)
 
 
+def test_one_token_bucket_traces_static_shapes_and_recompiles_once_for_another_batch(monkeypatch):
+    """A bucket of one token holds one length: traced with static shapes (a symbolic trace
+    was half of a first call); another batch size recompiles it once, symbolic (dynamo's
+    automatic dynamic), and later batch sizes reuse that graph."""
+    import advisor.runtime.apply as apply_module
+
+    symbolic = []  # per compile: does the captured graph hold symbolic sizes?
+    real_rewrite = apply_module.rewrite
+
+    def spy(gm, *args, **kwargs):
+        symbolic.append(any(isinstance(n.meta.get("val"), torch.SymInt) for n in gm.graph.nodes
+                            if n.op == "placeholder"))
+        return real_rewrite(gm, *args, **kwargs)
+
+    monkeypatch.setattr(apply_module, "rewrite", spy)
+    mf = load_model_file("examples/llama_hf.py")
+    model = build(mf, CPU, torch.float32)
+    plan = Plan(("add_rms_norm", "rope"))
+    fast = apply(model, Recipe(buckets=(Bucket(1, plan), Bucket(8, plan))))
+    for batch in (1, 2, 3):
+        x = inputs_for(mf, 1, batch, CPU)
+        _check_close(call(fast, x), call(model, x), torch.float32)
+    call(fast, inputs_for(mf, 5, 1, CPU))  # the 8-token bucket: symbolic from the start
+    assert symbolic == [False, True, True]
+    assert fast.buckets[1].compiles == 2 and fast.buckets[8].compiles == 1
+    assert all(s.applied for r in fast.buckets[1].reports for s in r.sites)
+
+
 def test_norm_and_mlp_fusions_without_the_norm_prologue():
     mf = load_model_file("examples/llama_hf.py")
     model = build(mf, CPU, torch.float32)
