@@ -10,11 +10,17 @@ graphs, without graphs) is applied and timed like the plan itself, in the same p
 positive when f makes the forward faster. Savings of different families need not add up
 (two fusions can remove the same launch; under CUDA graphs a launch costs ~1 µs instead of
 ~8 µs of host time), which is why each is measured against the whole plan.
+
+A deep fusion left out hands its sites back to shallower families still in the plan
+(add_rms_norm_linear's to add_rms_norm and qkv_merge): its measured saving is its margin
+over them, not over the unfused graph. Each row records the sites f held in the plan
+(`sites_in_plan`) and the sites other families took over without it (`taken_over`), so
+the report can predict that margin (report/html_candidates.py, `marginal_prediction`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -36,17 +42,27 @@ def leave_one_out(plan: Plan) -> list[tuple[str, Plan]]:
     return out
 
 
+def taken_over(plan_sites: Mapping[str, int], without_sites: Mapping[str, int]) -> dict[str, int]:
+    """Families applied at more sites without the removed one than with it: family -> how
+    many more."""
+    return {f: n - plan_sites.get(f, 0) for f, n in without_sites.items() if n > plan_sites.get(f, 0)}
+
+
 def ablation_rows(shape: int, plan: Plan, plan_ms: float,
-                  time_plan: Callable[[Plan], float]) -> list[dict[str, Any]]:
-    """One row per removed family: `time_plan(p)` gives p's median ms at `shape`; a plan
-    that raises is a row with its error. Rows carry both timings so a reader can recompute
-    the saving."""
+                  time_plan: Callable[[Plan], tuple[float, dict[str, int]]],
+                  plan_sites: Mapping[str, int]) -> list[dict[str, Any]]:
+    """One row per removed family: `time_plan(p)` gives p's median ms at `shape` and its
+    sites applied per family; `plan_sites` the same for the whole plan. A plan that raises
+    is a row with its error. Rows carry both timings so a reader can recompute the saving."""
     rows = []
     for removed, without in leave_one_out(plan):
         row: dict[str, Any] = {"shape": shape, "removed": removed, "plan_ms": plan_ms}
+        if removed in plan.fusions:
+            row["sites_in_plan"] = plan_sites.get(removed, 0)
         try:
-            ms = time_plan(without)
-            row.update(without_ms=ms, measured_saving_ms=ms - plan_ms)
+            ms, sites = time_plan(without)
+            row.update(without_ms=ms, measured_saving_ms=ms - plan_ms,
+                       taken_over=taken_over(plan_sites, sites))
         except Exception as exc:  # a plan that fails here is a result, not a crash
             row.update(without_ms=None, measured_saving_ms=None, error=one_line(exc))
         rows.append(row)

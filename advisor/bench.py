@@ -46,8 +46,7 @@ from advisor.loader import (
 from advisor.profile.ceilings import load_or_measure
 from advisor.profile.floor import Floor, floor
 from advisor.runtime.apply import apply
-from advisor.runtime.plan import Plan
-from advisor.runtime.recipe import Recipe
+from advisor.runtime.recipe import Bucket, Recipe
 from advisor.state import Snapshot
 from advisor.timing import kernels_per_call, median_ms, timed_call
 from advisor.verify import apart_bound, fp32_copy, judge
@@ -157,8 +156,10 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
                 context["len"] = t
                 bucket = recipe.bucket_for(t)
                 if bucket is not None and advisor_ms.get(t) is not None:
-                    result.ablation += ablation_rows(t, bucket.plan, advisor_ms[t], lambda p, t=t: _time_plan(
-                        model, p, inputs[t], states[t], device, length_of, reset[t]))
+                    result.ablation += ablation_rows(
+                        t, bucket.plan, advisor_ms[t], lambda p, t=t, bound=bucket.max_len: _time_plan(
+                            model, Bucket(bound, p), inputs[t], states[t], device, length_of, reset[t]),
+                        sites_applied(result.applied, bucket.max_len))
         for mode in compile_modes:
             torch._dynamo.reset()
             compiled = torch.compile(model, mode=None if mode == "default" else mode)
@@ -233,14 +234,22 @@ def _advisor_row(fast: Any, x: Inputs, state: Snapshot, ref: torch.Tensor, exact
     return row
 
 
-def _time_plan(model: torch.nn.Module, plan: Plan, x: Inputs, state: Snapshot, device: torch.device,
-               length_of: Any, reset: Any) -> float:
-    """Median ms of `model` with `plan` applied (its first call compiles, untimed)."""
+def sites_applied(summary: list[dict[str, Any]], bound: int) -> dict[str, int]:
+    """family -> sites applied in one bucket of `AdvisedModel.summary()`."""
+    return {r["family"]: r["applied"] for r in summary if r["bucket"] == bound and "applied" in r}
+
+
+def _time_plan(model: torch.nn.Module, bucket: Bucket, x: Inputs, state: Snapshot, device: torch.device,
+               length_of: Any, reset: Any) -> tuple[float, dict[str, int]]:
+    """Median ms of `model` with `bucket`'s plan applied as that bucket (traced as the
+    recipe's own bucket is: a one-token bucket with static shapes), its first call
+    compiling untimed; and its sites applied per family."""
     try:
-        fast = apply(model, plan, length_of=length_of)
+        fast = apply(model, Recipe(buckets=(bucket,)), length_of=length_of)
         timed_call(lambda: call(fast, x), device)
         state.restore()
-        return median_ms(lambda: call(fast, x), device, reset=reset)
+        ms = median_ms(lambda: call(fast, x), device, reset=reset)
+        return ms, sites_applied(fast.summary(), bucket.max_len)
     finally:
         state.restore()
 

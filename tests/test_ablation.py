@@ -9,7 +9,7 @@ from advisor.ablation import ablation_rows, leave_one_out
 from advisor.bench import run_bench, to_json
 from advisor.loader import load_model_file
 from advisor.report.html import render_html
-from advisor.report.html_candidates import graph_priced, small_kernel_us
+from advisor.report.html_candidates import graph_priced, marginal_prediction, small_kernel_us
 from advisor.runtime.plan import Plan
 from advisor.runtime.recipe import Recipe
 
@@ -29,16 +29,37 @@ def test_leave_one_out_drops_each_family_and_its_config_then_graphs():
     assert dict(with_pdl)["pdl"] == Plan(("rope",), cuda_graph=True)
 
 
-def test_rows_carry_both_timings_and_a_failing_plan_is_a_row():
+def test_rows_carry_both_timings_the_sites_taken_over_and_a_failing_plan_is_a_row():
+    plan_sites = {"add_rms_norm": 4, "rope": 2, "gated_act": 0}
+
     def time_plan(p):
         if "rope" not in p.fusions:
             raise RuntimeError("no kernel\nsecond line")
-        return 2.0 + 0.5 * (3 - len(p.fusions)) + (0.0 if p.cuda_graph else 1.0)
+        # without add_rms_norm, gated_act takes 3 of its sites (a shallower family)
+        sites = {f: plan_sites[f] for f in p.fusions} | ({"gated_act": 3} if "add_rms_norm" not in p.fusions
+                                                         else {})
+        return 2.0 + 0.5 * (3 - len(p.fusions)) + (0.0 if p.cuda_graph else 1.0), sites
 
-    rows = {r["removed"]: r for r in ablation_rows(128, PLAN, 2.0, time_plan)}
+    rows = {r["removed"]: r for r in ablation_rows(128, PLAN, 2.0, time_plan, plan_sites)}
     assert rows["add_rms_norm"]["measured_saving_ms"] == 0.5 and rows["add_rms_norm"]["without_ms"] == 2.5
-    assert rows["cuda_graph"]["measured_saving_ms"] == 1.0
+    assert rows["add_rms_norm"]["sites_in_plan"] == 4 and rows["add_rms_norm"]["taken_over"] == {"gated_act": 3}
+    assert rows["gated_act"]["taken_over"] == {} and rows["gated_act"]["sites_in_plan"] == 0
+    assert rows["cuda_graph"]["measured_saving_ms"] == 1.0 and "sites_in_plan" not in rows["cuda_graph"]
     assert rows["rope"]["measured_saving_ms"] is None and rows["rope"]["error"] == "RuntimeError: no kernel"
+
+
+def test_the_report_predicts_a_deep_familys_margin_over_the_families_that_take_its_sites_back():
+    cands = {"add_rms_norm_linear": {"family": "add_rms_norm_linear", "count": 16, "predicted_saving_ms": 0.32},
+             "add_rms_norm": {"family": "add_rms_norm", "count": 16, "predicted_saving_ms": 0.16},
+             "qkv_merge": {"family": "qkv_merge", "count": 8, "predicted_saving_ms": 0.08}}
+    price = lambda c: c["predicted_saving_ms"]  # noqa: E731
+    row = {"removed": "add_rms_norm_linear", "sites_in_plan": 8,
+           "taken_over": {"add_rms_norm": 8, "qkv_merge": 8}}
+    # its 8 sites' share (0.16) less add_rms_norm's on 8 of 16 sites (0.08) and qkv_merge's 8 of 8
+    assert abs(marginal_prediction(row, cands, price) - (0.16 - 0.08 - 0.08)) < 1e-12
+    assert abs(marginal_prediction({**row, "taken_over": {}}, cands, price) - 0.16) < 1e-12
+    assert marginal_prediction({"removed": "add_rms_norm_linear", "measured_saving_ms": 0.1}, cands, price) is None
+    assert marginal_prediction({**row, "taken_over": {"rope": 2}}, cands, price) is None  # no price for rope
 
 
 def test_bench_ablate_on_the_cpu_times_every_family_of_the_plan():

@@ -23,6 +23,8 @@ then compared with its prediction re-priced that way (`graph_priced`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from advisor.report.attribution import (
     CUDA_GRAPH,
     PAIRED,
@@ -169,14 +171,40 @@ def graph_priced(c: dict, ceilings: dict | None, kernel_us: float | None = None)
     return launches * g * 1e-3 + nbytes / (bw * 1e9) * 1e3
 
 
-def _ablation_cells(row: dict, c: dict, ceilings: dict | None, graphs: bool,
+def marginal_prediction(row: dict, cands: dict[str, dict],
+                        price: Callable[[dict], float | None]) -> float | None:
+    """What leaving the row's family out should cost: its price per site times the sites it
+    held in the plan, minus, for each family that took sites back without it, that
+    family's price per site times those sites (advisor/ablation.py). None where the row
+    lacks the site counts (benches before session 14) or a price is missing."""
+    c, held = cands.get(str(row.get("removed"))), row.get("sites_in_plan")
+    if c is None or held is None or "taken_over" not in row:
+        return None
+    total = 0.0
+    for fam, sites, sign in [(row["removed"], held, 1.0),
+                             *((g, n, -1.0) for g, n in row["taken_over"].items())]:
+        cg = cands.get(fam)
+        p = price(cg) if cg else None
+        if p is None or not cg.get("count"):
+            return None
+        total += sign * p * sites / cg["count"]
+    return total
+
+
+def _ablation_cells(row: dict, cands: dict[str, dict], ceilings: dict | None, graphs: bool,
                     kernel_us: float | None = None) -> list[tuple[str, bool]]:
-    fam, predicted = row.get("removed"), _num(c.get("predicted_saving_ms"))
+    fam = row.get("removed")
+    c = cands[str(fam)]
+    predicted = _num(c.get("predicted_saving_ms"))
     tip = (f"leave-one-out in the bench at {row.get('shape')} tokens: plan without {fam} "
            f"{_f(row.get('without_ms'))} ms − plan {_f(row.get('plan_ms'))} ms")
     if row.get("error"):
         tip += f" ({row['error']})"
-    if graphs and (repriced := graph_priced(c, ceilings, kernel_us)) is not None:
+
+    def price(x: dict) -> float | None:  # under CUDA graphs: re-priced for them
+        return graph_priced(x, ceilings, kernel_us) if graphs else _num(x.get("predicted_saving_ms"))
+
+    if graphs and (repriced := price(c)) is not None:
         timed = _num(c.get("device_saving_ms")) is not None
         per = ("the site timed fused and unfused at analysis" if timed
                else f"{kernel_us:.2f} µs per removed kernel" if kernel_us is not None
@@ -184,6 +212,11 @@ def _ablation_cells(row: dict, c: dict, ceilings: dict | None, graphs: bool,
         tip += (f"; compared with the prediction re-priced for CUDA graphs ({per}), {repriced:.3f} ms "
                 f"(eager-priced {_f(predicted)} ms)")
         predicted = repriced
+    if (margin := marginal_prediction(row, cands, price)) is not None and row.get("taken_over"):
+        took = ", ".join(f"{g} {n}" for g, n in row["taken_over"].items())
+        tip += (f"; without it other families took sites back ({took}): its predicted margin "
+                f"over them, {margin:.3f} ms, is what the leave-one-out measures")
+        predicted = margin
     return _error_cells(_num(row.get("measured_saving_ms")), predicted, tip)
 
 
@@ -196,6 +229,7 @@ def candidates_table(s: dict, bench: dict | None, recipe: dict | None,
     found = family_attribution(history, [str(c.get("family")) for c in cands], length)
     ablated = ablation_at(bench, length)
     graphs = CUDA_GRAPH in ablated
+    by_family = {str(c.get("family")): c for c in cands}
     rows, in_plan = [], 0.0
     for i, c in enumerate(cands, 1):
         fam = str(c.get("family"))
@@ -206,7 +240,7 @@ def candidates_table(s: dict, bench: dict | None, recipe: dict | None,
             in_plan += predicted or 0.0
         fs = found[1].get(fam) if found is not None else None
         if fam in ablated:
-            measured = _ablation_cells(ablated[fam], c, ceilings, graphs, small_kernel_us(s))
+            measured = _ablation_cells(ablated[fam], by_family, ceilings, graphs, small_kernel_us(s))
         elif fs is not None and found is not None:
             measured = _error_cells(fs.saving_ms, predicted, _tip(fs, found[0], length))
         else:
