@@ -60,6 +60,13 @@ def test_the_report_predicts_a_deep_familys_margin_over_the_families_that_take_i
     assert abs(marginal_prediction({**row, "taken_over": {}}, cands, price) - 0.16) < 1e-12
     assert marginal_prediction({"removed": "add_rms_norm_linear", "measured_saving_ms": 0.1}, cands, price) is None
     assert marginal_prediction({**row, "taken_over": {"rope": 2}}, cands, price) is None  # no price for rope
+    # in the page: an H100 analysis at 1 token (session 14), a row with the site counts
+    analysis = json.loads((RESULTS / "h100-s14A-analysis.json").read_text())
+    bench = {"schema_version": 1, "kind": "advisor.bench", "rows": [], "applied": [], "ablation": [
+        {"shape": 1, "removed": "add_rms_norm_linear", "plan_ms": 1.598, "without_ms": 1.674,
+         "measured_saving_ms": 0.076, "sites_in_plan": 8, "taken_over": {"add_rms_norm": 8, "qkv_merge": 8}}]}
+    page = render_html(analyses=[analysis], bench=bench, title="t")
+    assert "its predicted margin" in page and "took sites back (add_rms_norm 8, qkv_merge 8)" in page
 
 
 def test_bench_ablate_on_the_cpu_times_every_family_of_the_plan():

@@ -212,10 +212,11 @@ def _ablation_cells(row: dict, cands: dict[str, dict], ceilings: dict | None, gr
         tip += (f"; compared with the prediction re-priced for CUDA graphs ({per}), {repriced:.3f} ms "
                 f"(eager-priced {_f(predicted)} ms)")
         predicted = repriced
-    if (margin := marginal_prediction(row, cands, price)) is not None and row.get("taken_over"):
-        took = ", ".join(f"{g} {n}" for g, n in row["taken_over"].items())
-        tip += (f"; without it other families took sites back ({took}): its predicted margin "
-                f"over them, {margin:.3f} ms, is what the leave-one-out measures")
+    if (margin := marginal_prediction(row, cands, price)) is not None and margin != predicted:
+        took = ", ".join(f"{g} {n}" for g, n in row["taken_over"].items()) or "none"
+        tip += (f"; it held {row['sites_in_plan']} of its {c.get('count')} sites in the plan, and "
+                f"without it other families took sites back ({took}): its predicted margin, "
+                f"{margin:.3f} ms, is what the leave-one-out measures")
         predicted = margin
     return _error_cells(_num(row.get("measured_saving_ms")), predicted, tip)
 
