@@ -16,13 +16,15 @@ constant-folds part of this; our runtime runs the aten graph as it is, so this p
 The shape-only region is cut out into a small graph of its own, with the integers it reads
 as inputs and the frontier as outputs, and replaced by one call of a `ShapeMemo`: the first
 call with given integer values runs the graph and keeps the outputs; later calls return
-the kept tensors — zero launches. Kept values must never change, so a node whose storage
-anything in the graph writes (by base: a view written in place counts) is not shape-only,
-nor is one the graph returns (the caller may write it). Memoised tensors live as long as the
-graph: a CUDA graph captured on them reads their addresses, so they are never evicted;
-a byte budget and a key count bound what is kept (past them, values are recomputed each
-call), and nothing is kept while a CUDA graph is being captured (the memo's own first run
-would then be part of the capture).
+the kept tensors — zero launches. A kept output whose values are the causal mask is marked
+(kernels/masks.py) so that attention reads it as `causal=True`.
+
+Kept values must never change, so a node whose storage anything in the graph writes (by
+base: a view written in place counts) is not shape-only, nor is one the graph returns (the
+caller may write it). Memoised tensors live as long as the graph: a CUDA graph captured on
+them reads their addresses, so they are never evicted; a byte budget and a key count bound
+what is kept (past them, values are recomputed each call), and nothing is kept while a
+CUDA graph is being captured (the memo's own first run would then be part of the capture).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from torch import fx
 
 from advisor.graph.cse import _base_map, _is_overload, _is_pure, _nodes_in, written_by
 from advisor.graph.match import launches
+from advisor.kernels.masks import mark_if_causal
 
 aten = torch.ops.aten
 
@@ -76,6 +79,9 @@ class ShapeMemo:
                 # Kept values are read from any stream later (a CUDA graph's capture
                 # stream): they must be complete before anyone else reads them.
                 torch.cuda.current_stream().synchronize()
+            for t in out:  # a causal mask, kept: its readers may take `causal=True` instead
+                if t.dim() >= 2 and t.shape[-1] == t.shape[-2]:
+                    mark_if_causal(t)
             self.values[key] = out
             self.bytes += size
         return out

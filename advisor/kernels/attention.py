@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +54,7 @@ from advisor.kernels._triton import (
     resources,
     triton_can_run,
 )
+from advisor.kernels.masks import marked_causal
 from advisor.kernels.registry import KernelSpec, register
 from advisor.kernels.rope import rope_partner
 from advisor.kernels.space import Config, ConfigSpace, Problem, decode
@@ -640,11 +642,20 @@ def _rotate_once(q, k, cos, sin, interleaved):
     return q, k, cos, sin
 
 
+def _causal_for_mask(q, k, mask, causal) -> tuple[Any, bool]:
+    """(mask, causal): a mask marked causal (kernels/masks.py) over Tq == Tk is read as
+    `causal=True`, and its T x T values are never loaded."""
+    if mask is not None and q.shape[2] == k.shape[2] and marked_causal(mask):
+        return None, True
+    return mask, causal
+
+
 def launch_attention(q, k, v, cos=None, sin=None, mask=None, causal: bool = False,
                      scale: float | None = None, interleaved: bool = False, q_pos=None,
                      config: Mapping[str, int] | None = None) -> torch.Tensor:
     """Attention of q (B, Hq, Tq, D) over k, v (B, Hkv, Tk, D); RoPE iff cos is given.
     Returns a new contiguous (B, Hq, Tq, D) tensor (`reference_op` semantics)."""
+    mask, causal = _causal_for_mask(q, k, mask, causal)
     q, k, cos, sin = _rotate_once(q, k, cos, sin, interleaved)
     cfg, tables, m4, pos = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos)
     return _run(q, k, v, tables, m4, causal, scale, interleaved, cfg, pos=pos)[0]
@@ -657,7 +668,8 @@ def spills_attention(q, k, v, cos=None, sin=None, mask=None, causal=False, scale
     if interpreting() or q.device.type != "cuda" or q.numel() == 0 or k.shape[2] == 0:
         _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos)  # input checks
         return None
-    q, k, cos, sin = _rotate_once(q, k, cos, sin, interleaved)  # the kernel that would run
+    mask, causal = _causal_for_mask(q, k, mask, causal)  # the kernel that would run
+    q, k, cos, sin = _rotate_once(q, k, cos, sin, interleaved)
     cfg, tables, m4, pos = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos)
     res = resources(_run(q, k, v, tables, m4, causal, scale, interleaved, cfg, True, pos)[1])
     return None if res is None else res.n_spills

@@ -159,6 +159,7 @@ class AdvisedModel(torch.nn.Module):
                 "repeats_merged": sum(r.repeats_merged for r in state.reports),
                 "increments_batched": sum(r.increments_batched for r in state.reports),
                 "shape_only_memoized": sum(r.shape_only_memoized for r in state.reports),
+                "causal_sdpa": sum(r.causal_sdpa for r in state.reports),
                 # host time of the rewrites (cold start), of which confirming sites
                 "rewrite_s": round(sum(r.seconds for r in state.reports), 3),
                 "confirm_s": round(sum(r.confirm_seconds for r in state.reports), 3),

@@ -29,6 +29,7 @@ from advisor.graph.patterns import find_all
 from advisor.graph.shape_only import memoize_shape_only
 from advisor.kernels.registry import all_kernels
 from advisor.kernels.testing import max_abs_error, max_violation, randn_nonzero, tolerance
+from advisor.runtime.causal_sdpa import read_marked_masks
 from advisor.runtime.direct import use_direct_calls
 from advisor.runtime.emit import EmitError, emit
 from advisor.runtime.plan import Plan
@@ -53,6 +54,7 @@ class RewriteReport:
     repeats_merged: int = 0  # ops identical to an earlier one, removed (graph/cse.py)
     increments_batched: int = 0  # input counters (p += c) written by one _foreach_add_
     shape_only_memoized: int = 0  # launches computed from sizes alone, once (graph/shape_only.py)
+    causal_sdpa: int = 0  # SDPA nodes that read a kept causal mask as is_causal (causal_sdpa.py)
     seconds: float = 0.0  # host time of the whole rewrite (part of a first call's cold start)
     confirm_seconds: float = 0.0  # of which confirming sites (their kernels' first compiles too)
 
@@ -332,9 +334,12 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
     increments = batch_input_increments(gm) if results else 0
     # the causal mask and other values derived from sizes alone: computed once per length
     memoized = memoize_shape_only(gm) if results else 0
+    # SDPA left to torch that reads a kept causal mask: is_causal instead (flash, no mask)
+    causal_sdpa = read_marked_masks(gm) if memoized else 0
     use_direct_calls(gm)
     return RewriteReport(tuple(results), before, _count_launches(gm), tuple(merged), in_place,
-                         repeats, increments, memoized, time.perf_counter() - start, confirming)
+                         repeats, increments, memoized, causal_sdpa, time.perf_counter() - start,
+                         confirming)
 
 
 def _confirm_or_reason(m: Match, config: str) -> float | str:

@@ -18,6 +18,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from advisor.graph.capture import fake, hint, module_path
 from advisor.graph.match import Match, aten, is_getitem, is_op, strip_views
+from advisor.kernels.masks import MASKED_BIAS
 
 SDPA_OPS = tuple(
     getattr(aten, name).default
@@ -181,11 +182,6 @@ def _key_index(node: Any, tk: Any) -> list[fx.Node] | None:
     return [*chain, base] if _same(start, 0) and _same(end, tk) and _same(step, 1) else None
 
 
-# An additive bias at or below this hides a key as -inf does: transformers writes -inf,
-# finfo(dtype).min or fp16's -65504 (any dtype), and exp(score - 65504 - row max) is 0 in
-# fp32 for any score a bf16/fp16 model produces. (Only a row with no visible key differs:
-# a finite bias averages v there, -inf gives 0; positions >= 0 always see key 0.)
-MASKED_BIAS = torch.finfo(torch.float16).min
 
 
 def _position_mask(mask: Any, b: Any, tq: Any, tk: Any) -> tuple[fx.Node, list[fx.Node]] | None:

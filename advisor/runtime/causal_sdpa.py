@@ -1,0 +1,103 @@
+"""SDPA calls that read a memoised causal mask run as `is_causal=True` instead.
+
+Traced, a decoder's SDPA reads its causal mask as a tensor (kernels/masks.py says why), so
+torch picks a masked backend (the efficient kernel on CUDA) where eager would run flash.
+graph/shape_only.py keeps that mask once per length and marks it when its values are
+causal. Every aten SDPA node whose mask comes straight from a memo is pointed at a
+`CausalWhenMarked` call: with a marked mask over Tq == Tk it runs
+`scaled_dot_product_attention(q, k, v, is_causal=True)` (the mask is never read); with any
+other mask it runs the original op unchanged. Sites our attention kernel took read the
+mark themselves (kernels/attention.py); this is for the ones it did not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from advisor.graph.capture import fake, hint
+from advisor.graph.match import is_getitem
+from advisor.graph.patterns.attention import SDPA_OPS
+from advisor.graph.shape_only import ShapeMemo
+from advisor.kernels.masks import marked_causal
+
+aten = torch.ops.aten
+
+
+class CausalWhenMarked:
+    """Stands in for one aten SDPA form: `op`'s arguments, `op`'s results (only the output,
+    the first result, is produced on the causal path; the graph reads no other)."""
+
+    def __init__(self, op: Any, order: list[int]):
+        self.op = op
+        schema = op._schema
+        self.names = [a.name for a in schema.arguments]
+        self.positional = [a.name for a in schema.arguments if not a.kwarg_only]
+        self.defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+        self.n_results = len(schema.returns)
+        self.order = order  # the output's dims from largest stride to smallest, as traced
+        self.causal_calls = 0  # how many calls took the causal path (tests, summaries)
+        self.__name__ = f"advisor_causal_when_marked_{schema.name.split('::')[-1]}"
+
+    def _bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        return {**self.defaults, **dict(zip(self.positional, args)), **kwargs}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        a = self._bind(args, kwargs)
+        q, k, v = a["query"], a["key"], a["value"]
+        mask = a.get("attn_mask", a.get("attn_bias"))
+        if not marked_causal(mask) or q.shape[-2] != k.shape[-2] or a.get("dropout_p"):
+            return self.op(*args, **kwargs)
+        self.causal_calls += 1
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=a.get("scale"),
+                                           enable_gqa=q.shape[1] != k.shape[1])
+        y = _in_order(y, self.order)
+        return y if self.n_results == 1 else (y, *([None] * (self.n_results - 1)))
+
+    def __repr__(self) -> str:
+        return f"CausalWhenMarked({self.op}, causal_calls={self.causal_calls})"
+
+
+def _in_order(y: torch.Tensor, order: list[int]) -> torch.Tensor:
+    """y, or a copy of it laid out densely with dims in `order` (largest stride first): the
+    graph's later views were traced against the original op's layout."""
+    expect, dense = {}, 1
+    for d in reversed(order):  # the dense strides of that dim order
+        expect[d], dense = dense, dense * y.shape[d]
+    if all(y.stride(d) == expect[d] for d in order if y.shape[d] != 1):
+        return y
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return y.permute(order).contiguous().permute(inverse)
+
+
+def _memo_output(node: Any) -> bool:
+    return (isinstance(node, fx.Node) and is_getitem(node) and isinstance(node.args[0], fx.Node)
+            and isinstance(node.args[0].target, ShapeMemo))
+
+
+def read_marked_masks(gm: fx.GraphModule) -> int:
+    """Point SDPA nodes whose mask is a memo's output at `CausalWhenMarked` (in place);
+    returns how many. Nodes whose other results are read are left alone."""
+    count = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not any(node.target is op for op in SDPA_OPS):
+            continue
+        mask = CausalWhenMarked(node.target, [])._bind(node.args, node.kwargs)
+        mask = mask.get("attn_mask", mask.get("attn_bias"))
+        results = [u for u in node.users if is_getitem(u)]
+        if not _memo_output(mask) or any(u.users for u in results if u.args[1] != 0):
+            continue
+        val = node.meta.get("val")
+        out = fake(node) if isinstance(val, torch.Tensor) else (val[0] if val else None)
+        if out is None:
+            continue
+        order = sorted(range(out.dim()), key=lambda i: -hint(out.stride()[i]))
+        node.target = CausalWhenMarked(node.target, order)
+        count += 1
+    if count:
+        gm.recompile()
+    return count
+

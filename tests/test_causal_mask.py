@@ -1,0 +1,118 @@
+"""A kept mask whose values are causal is read as `causal=True` (kernels/masks.py): by our
+attention kernel and by the SDPA calls left to torch (runtime/causal_sdpa.py). Any other
+mask — padding, a sliding window, a real bias — stays a mask."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from advisor.graph.shape_only import ShapeMemo
+from advisor.kernels import attention as attn
+from advisor.kernels.masks import MASKED_BIAS, is_causal_mask, mark_if_causal, marked_causal
+from advisor.kernels.testing import assert_close, randn_nonzero
+from advisor.runtime import apply as apply_mod
+from advisor.runtime.causal_sdpa import CausalWhenMarked
+from advisor.runtime.plan import Plan
+from tests.hf_models import ids, tiny_hf
+
+
+def _additive(keep: torch.Tensor, hidden: float, dtype=torch.float32) -> torch.Tensor:
+    return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, hidden)
+
+
+TRIL = torch.ones(6, 6, dtype=torch.bool).tril()
+
+
+@pytest.mark.parametrize("hidden", [float("-inf"), torch.finfo(torch.float32).min, MASKED_BIAS])
+def test_causal_values_in_every_spelling(hidden):
+    assert is_causal_mask(TRIL) and is_causal_mask(TRIL.expand(2, 1, 6, 6))
+    assert is_causal_mask(_additive(TRIL, hidden)[None, None])
+    assert is_causal_mask(_additive(TRIL, max(hidden, torch.finfo(torch.bfloat16).min), torch.bfloat16))
+    assert is_causal_mask(torch.ones(1, 1, 1, 1, dtype=torch.bool))  # one token
+
+
+def test_other_masks_are_not_causal():
+    padded = TRIL.clone().expand(2, 6, 6).clone()
+    padded[1, :, :2] = False  # left padding in the second row
+    window = TRIL & ~torch.ones(6, 6, dtype=torch.bool).tril(-3)  # sliding window of 3
+    biased = _additive(TRIL, float("-inf"))
+    biased[3, 1] = -2.0  # a real bias (ALiBi-like) where a key is visible
+    soft = _additive(TRIL, -100.0)  # "hidden" by a bias that does not hide
+    nan = _additive(TRIL, float("-inf"))
+    nan[0, 0] = float("nan")
+    for m in (padded, window, biased, soft, nan, TRIL.T, torch.ones(6, 6, dtype=torch.bool),
+              TRIL[:5], TRIL.long(), torch.zeros(0, 0)):
+        assert not is_causal_mask(m), m
+
+
+def test_the_memo_marks_what_it_keeps_only(monkeypatch):
+    def build(t):
+        keep = torch.arange(t)[:, None] >= torch.arange(t)[None, :]
+        return keep, keep.T  # causal, anti-causal
+    memo = ShapeMemo(build, 2, 2)
+    causal, anti = memo(5)
+    assert marked_causal(causal) and not marked_causal(anti)
+    assert not marked_causal(causal[:, :4]) and not marked_causal(None)  # views are not marked
+    import advisor.graph.shape_only as so
+    monkeypatch.setattr(so, "_capturing", lambda out: True)
+    assert not marked_causal(memo(7)[0])  # computed, not kept: not marked
+
+
+def test_attention_kernel_reads_a_marked_mask_as_causal(monkeypatch):
+    """Interpreter: the marked mask's launch runs the causal path (no mask operand) and
+    matches the reference with the mask."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (randn_nonzero((1, h, 7, 16), torch.float32, torch.device("cpu"), g) for h in (4, 2, 2))
+    mask = _additive(torch.ones(7, 7, dtype=torch.bool).tril(), float("-inf"))[None, None]
+    assert attn._causal_for_mask(q, k, mask, False) == (mask, False)  # unmarked: a mask
+    assert mark_if_causal(mask)
+    assert attn._causal_for_mask(q, k, mask, False) == (None, True)
+    assert attn._causal_for_mask(q, k[:, :, :5], mask, False)[0] is mask  # Tq != Tk: as given
+    seen = []
+    run = attn._run
+    monkeypatch.setattr(attn, "_run", lambda q, k, v, tables, m4, causal, *a, **kw:
+                        seen.append((m4, causal)) or run(q, k, v, tables, m4, causal, *a, **kw))
+    out = attn.launch_attention(q, k, v, mask=mask, config={"BLOCK_M": 16, "BLOCK_N": 16,
+                                "num_warps": 4, "num_stages": 1, "SPLITS": 1})
+    assert seen == [(None, True)]
+    assert_close(out, attn.reference(q, k, v, mask=mask))
+
+
+def _graphs(monkeypatch) -> list:
+    grabbed = []
+    rewrite = apply_mod.rewrite
+    monkeypatch.setattr(apply_mod, "rewrite", lambda gm, *a, **k: grabbed.append(gm) or rewrite(gm, *a, **k))
+    return grabbed
+
+
+def _wrapped(graphs) -> list[CausalWhenMarked]:
+    return [n.target for gm in graphs for n in gm.graph.nodes if isinstance(n.target, CausalWhenMarked)]
+
+
+def test_sdpa_left_to_torch_reads_the_kept_causal_mask(monkeypatch):
+    model = tiny_hf("Llama")
+    graphs = _graphs(monkeypatch)
+    fast = apply_mod.apply(model, Plan(fusions=("rms_norm",)))
+    for t in (8, 5):
+        x = ids(t)
+        torch.testing.assert_close(fast(**x).logits, model(**x).logits, rtol=1e-4, atol=1e-4)
+    wrapped = _wrapped(graphs)
+    assert len(wrapped) == 2 and all(w.causal_calls == 2 for w in wrapped)  # 2 layers, 2 calls
+    x, pad = ids(8), torch.ones(2, 8, dtype=torch.long)
+    pad[1, :3] = 0  # left padding: the mask reads attention_mask, not a kept causal one
+    torch.testing.assert_close(fast(**x, attention_mask=pad).logits,
+                               model(**x, attention_mask=pad).logits, rtol=1e-4, atol=1e-4)
+    assert sum(w.causal_calls for w in _wrapped(graphs)) == 4
+
+
+def test_a_sliding_window_shorter_than_the_input_stays_a_mask(monkeypatch):
+    model = tiny_hf("Mistral")
+    model.config.sliding_window = 4
+    graphs = _graphs(monkeypatch)
+    fast = apply_mod.apply(model, Plan(fusions=("rms_norm",)))
+    for t in (3, 9):  # 3 tokens: inside the window, causal; 9: the window hides keys
+        x = ids(t)
+        torch.testing.assert_close(fast(**x).logits, model(**x).logits, rtol=1e-4, atol=1e-4)
+    assert [w.causal_calls for w in _wrapped(graphs)] == [1, 1]  # 3 tokens only
