@@ -11,7 +11,8 @@ At Llama-3-8B shapes (32 q / 8 kv heads, head dim 128, bf16, batch 1):
           reported, not applied); ours_rope: the whole launch with RoPE (from 512 tokens k
           rotated once by a rope launch, q on load; the default config) against
           sdpa_rope: RoPE then SDPA as `attention.unfused` spells it, eager and
-          torch.compile'd (issue 6: ours + RoPE >= SDPA + RoPE). TFLOP/s = attention.flops (causal pairs · 4 · Hq · D) / time.
+          torch.compile'd (issue 6: ours + RoPE >= SDPA + RoPE); and what a traced model
+          runs, the causal mask materialised (`masked_rows`). TFLOP/s = attention.flops (causal pairs · 4 · Hq · D) / time.
 Device time from CUDA-graph replays (triton.testing.do_bench_cudagraph, median), as the
 probe's earlier runs. One summary line per config; JSON attention_probe.json under $OUT.
 
@@ -38,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.kernels import attention, rope  # noqa: E402
 from advisor.kernels._triton import resources  # noqa: E402
+from advisor.kernels.masks import mark_if_causal  # noqa: E402
 from advisor.kernels.space import encode  # noqa: E402
 from advisor.kernels.testing import max_abs_error, max_violation, rel_error, tolerance  # noqa: E402
 from benchmarks.common import header, write  # noqa: E402
@@ -156,9 +158,32 @@ def shape_row(tq, tk, causal, configs, rep, do_check, do_time) -> dict:
         for name, fn in (("sdpa_rope", attention.unfused), ("compiled_rope", COMPILED_UNFUSED)):
             row[name] = guarded(name, time_it, lambda fn=fn: fn(
                 q0, k0, v, cos, sin, None, causal, scale, False), flops, rep)
+        if causal and tq == tk:
+            row.update(masked_rows(q, k, v, scale, flops, rep))
     del want
     torch.cuda.empty_cache()
     return row
+
+
+def masked_rows(q, k, v, scale, flops, rep) -> dict:
+    """What a traced `transformers` prefill runs: the causal mask materialised as an additive
+    (1, 1, T, T) bf16 tensor, k/v repeated to every q head (transformers' repeat_kv when a
+    mask is given): SDPA (its masked backend) and our kernel reading the mask; and our kernel
+    on the same mask marked causal (kernels/masks.py: the mask is dropped for causal=True)."""
+    t, group = q.shape[2], q.shape[1] // k.shape[1]
+    keep = torch.ones(t, t, dtype=torch.bool, device=DEVICE).tril()
+    mask = torch.zeros(1, 1, t, t, dtype=q.dtype, device=DEVICE).masked_fill(
+        ~keep, torch.finfo(q.dtype).min)
+    kr, vr = (x.repeat_interleave(group, dim=1) for x in (k, v))
+    rows = {"sdpa_masked": guarded("sdpa_masked", time_it, lambda: F.scaled_dot_product_attention(
+        q, kr, vr, attn_mask=mask, scale=scale), flops, rep)}
+    rows["ours_masked"] = guarded("ours_masked", time_it, lambda: attention.launch_attention(
+        q, k, v, mask=mask, scale=scale), flops, rep)
+    marked = mask.clone()
+    mark_if_causal(marked)
+    rows["ours_marked"] = guarded("ours_marked", time_it, lambda: attention.launch_attention(
+        q, k, v, mask=marked, scale=scale), flops, rep)
+    return rows
 
 
 def summary(rows: list[dict], names: list[str]) -> None:
@@ -181,7 +206,8 @@ def summary(rows: list[dict], names: list[str]) -> None:
                          if "us" in e else f"{'n/a':>25s}")
         print(f"{name:>12s} {verdict:5s}", " ".join(cells), flush=True)
     for r in timed:
-        us = {k: r[k]["us"] for k in ("ours_rope", "sdpa_rope", "compiled_rope")
+        us = {k: r[k]["us"] for k in ("ours_rope", "sdpa_rope", "compiled_rope", "sdpa_masked",
+                                      "ours_masked", "ours_marked")
               if isinstance(r.get(k), dict) and "us" in r[k]}
         ok = r.get("ours_rope", {}).get("check", {}).get("ok", "unchecked")
         print(f"with RoPE, {r['tq']} tokens (default {r['default_config']}; ours ok: {ok}): "

@@ -14,12 +14,14 @@
 #   coldstart  benchmarks/cold_start.py in fresh processes at 1 token, cold then warm caches:
 #           PLAN (default RECIPE: on another card, pass one whose environment is empty) and
 #           torch.compile reduce-overhead -> $OUT/coldstart-*.json
-#   attention  attention_probe.py at 512/2048/8192: ours + RoPE vs RoPE + SDPA, eager/compiled
+#   attention  attention_probe.py at 512/2048/8192: ours + RoPE vs RoPE + SDPA, eager/compiled;
+#           SDPA and ours reading the materialised causal mask, and ours on it marked causal
+#   prefill profile_prefill.py: kernels per forward, RECIPE vs reduce-overhead (PROFILE_TOKENS)
 #   kernels issue 3's memory-bound kernels at 2048/8192 (default configs), then issue 6's
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
 # Several stages run in order in one command: ... next_gpu_session.sh coldstart tune
-[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, coldstart, kernels or all" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, coldstart, attention, prefill, kernels or all" >&2; exit 2; }
 RECIPE=${RECIPE:-recipes/llama_hf-h200.json}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
@@ -42,8 +44,8 @@ tune)
   echo "tune rc=$?" >> "$OUT/tune.log"
   tail -4 "$OUT/analyze.log"; tail -30 "$OUT/tune.log" ;;
 bench)
-  timeout 570 python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes 1,128,512,2048 \
-    --compile default,reduce-overhead --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  timeout ${BENCH_S:-570} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes ${BENCH_SHAPES:-1,128,512,2048} \
+    --compile ${BENCH_COMPILE:-default,reduce-overhead} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?" >> "$OUT/bench.log"; tail -40 "$OUT/bench.log" ;;
 ablate)
   timeout ${ABLATE_S:-400} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes 1,512 \
@@ -86,6 +88,10 @@ attention)  # issue 6: ours + RoPE against RoPE + SDPA (eager and compiled), def
   timeout ${ATTENTION_S:-90} python3 benchmarks/attention_probe.py --tokens 512,2048,8192 \
     --configs none --no-check > "$OUT/attention.log" 2>&1
   tail -8 "$OUT/attention.log" ;;
+prefill)  # kernels per forward, RECIPE vs torch.compile reduce-overhead, 128/512/2048
+  timeout ${PROFILE_S:-200} python3 benchmarks/profile_prefill.py --recipe "$RECIPE" \
+    --tokens ${PROFILE_TOKENS:-128,512,2048} > "$OUT/profile-prefill.log" 2>&1
+  echo "profile rc=$?" >> "$OUT/profile-prefill.log"; grep -v "^    " "$OUT/profile-prefill.log" | tail -8 ;;
 coldstart)
   PLAN=${PLAN:-$RECIPE}  # a recipe's one-token bucket is traced static (a plan file: symbolic)
   export TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
