@@ -100,6 +100,8 @@ def test_sdpa_left_to_torch_reads_the_kept_causal_mask(monkeypatch):
         torch.testing.assert_close(fast(**x).logits, model(**x).logits, rtol=1e-4, atol=1e-4)
     wrapped = _wrapped(graphs)
     assert len(wrapped) == 2 and all(w.causal_calls == 2 for w in wrapped)  # 2 layers, 2 calls
+    assert all(w.group == 2 for w in wrapped)  # 4 q / 2 kv heads: k, v read before repeat_kv
+    assert not any(n.target is torch.ops.aten.clone.default for gm in graphs for n in gm.graph.nodes)
     x, pad = ids(8), torch.ones(2, 8, dtype=torch.long)
     pad[1, :3] = 0  # left padding: the mask reads attention_mask, not a kept causal one
     torch.testing.assert_close(fast(**x, attention_mask=pad).logits,
@@ -115,4 +117,5 @@ def test_a_sliding_window_shorter_than_the_input_stays_a_mask(monkeypatch):
     for t in (3, 9):  # 3 tokens: inside the window, causal; 9: the window hides keys
         x = ids(t)
         torch.testing.assert_close(fast(**x).logits, model(**x).logits, rtol=1e-4, atol=1e-4)
-    assert [w.causal_calls for w in _wrapped(graphs)] == [1, 1]  # 3 tokens only
+    # 3 tokens only; at 9 the original op ran on k, v repeated as the graph did
+    assert [(w.causal_calls, w.group) for w in _wrapped(graphs)] == [(1, 2), (1, 2)]

@@ -5,8 +5,9 @@ torch picks a masked backend (the efficient kernel on CUDA) where eager would ru
 graph/shape_only.py keeps that mask once per length and marks it when its values are
 causal. Every aten SDPA node whose mask comes straight from a memo is pointed at a
 `CausalWhenMarked` call: with a marked mask over Tq == Tk it runs
-`scaled_dot_product_attention(q, k, v, is_causal=True)` (the mask is never read); with any
-other mask it runs the original op unchanged. Sites our attention kernel took read the
+`scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=...)` (the mask is never
+read; GQA's k, v are taken before repeat_kv, whose copies drop out); with any other mask it
+runs the original op on the same values. Sites our attention kernel took read the
 mark themselves (kernels/attention.py); this is for the ones it did not.
 """
 
@@ -20,7 +21,7 @@ from torch import fx
 
 from advisor.graph.capture import fake, hint
 from advisor.graph.match import is_getitem
-from advisor.graph.patterns.attention import SDPA_OPS
+from advisor.graph.patterns.attention import SDPA_OPS, unrepeat_kv
 from advisor.graph.shape_only import ShapeMemo
 from advisor.kernels.masks import marked_causal
 
@@ -31,14 +32,16 @@ class CausalWhenMarked:
     """Stands in for one aten SDPA form: `op`'s arguments, `op`'s results (only the output,
     the first result, is produced on the causal path; the graph reads no other)."""
 
-    def __init__(self, op: Any, order: list[int]):
-        self.op = op
+    def __init__(self, op: Any, order: list[int], group: int = 1):
+        self.op, self.group = op, group
         schema = op._schema
         self.names = [a.name for a in schema.arguments]
         self.positional = [a.name for a in schema.arguments if not a.kwarg_only]
         self.defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
         self.n_results = len(schema.returns)
         self.order = order  # the output's dims from largest stride to smallest, as traced
+        # > 1: the node is given GQA's k, v before repeat_kv (Hq / Hkv = group); the causal
+        # path reads them as they are, the fallback repeats them as the graph did
         self.causal_calls = 0  # how many calls took the causal path (tests, summaries)
         self.__name__ = f"advisor_causal_when_marked_{schema.name.split('::')[-1]}"
 
@@ -50,7 +53,10 @@ class CausalWhenMarked:
         q, k, v = a["query"], a["key"], a["value"]
         mask = a.get("attn_mask", a.get("attn_bias"))
         if not marked_causal(mask) or q.shape[-2] != k.shape[-2] or a.get("dropout_p"):
-            return self.op(*args, **kwargs)
+            if self.group == 1:
+                return self.op(*args, **kwargs)
+            a["key"], a["value"] = (x.repeat_interleave(self.group, dim=1) for x in (k, v))
+            return self.op(**a)
         self.causal_calls += 1
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=a.get("scale"),
                                            enable_gqa=q.shape[1] != k.shape[1])
@@ -95,9 +101,32 @@ def read_marked_masks(gm: fx.GraphModule) -> int:
         if out is None:
             continue
         order = sorted(range(out.dim()), key=lambda i: -hint(out.stride()[i]))
-        node.target = CausalWhenMarked(node.target, order)
+        node.target = CausalWhenMarked(node.target, order, _kv_before_repeat(node))
         count += 1
     if count:
+        gm.graph.eliminate_dead_code()  # repeat_kv's copies, where nothing else reads them
         gm.recompile()
     return count
+
+
+def _kv_before_repeat(node: fx.Node) -> int:
+    """Give `node` GQA's k and v before repeat_kv (graph/patterns/attention.py `unrepeat_kv`:
+    expand + clone + view, a copy of each to every q head); returns the group (1: as is)."""
+    names = CausalWhenMarked(node.target, [])
+    a = names._bind(node.args, node.kwargs)
+    (k, k_chain), (v, v_chain) = unrepeat_kv(a["key"]), unrepeat_kv(a["value"])
+    tq, tk, tv = fake(a["query"]), fake(k), fake(v)
+    if not k_chain or not v_chain or tq is None or tk is None or tv is None or tk.shape != tv.shape:
+        return 1
+    hq, hkv = hint(tq.shape[1]), hint(tk.shape[1])
+    if hkv < 1 or hq % hkv or hq == hkv:
+        return 1
+    args, kwargs = list(node.args), dict(node.kwargs)
+    for name, new in (("key", k), ("value", v)):
+        if name in kwargs:
+            kwargs[name] = new
+        else:
+            args[names.positional.index(name)] = new
+    node.args, node.kwargs = tuple(args), kwargs
+    return hq // hkv
 

@@ -102,7 +102,7 @@ def _full_slice(node: Any) -> bool:
     return start in (0, None) and (end is None or (isinstance(end, int) and end >= 2**62))
 
 
-def _unrepeat(node: Any) -> tuple[Any, list[fx.Node]]:
+def unrepeat_kv(node: Any) -> tuple[Any, list[fx.Node]]:
     """GQA's repeat_kv, as traced: view(clone(expand(unsqueeze(x, 2), (B, Hkv, n, T, D))),
     (B, Hkv·n, T, D)), with no-op slices anywhere below the clone. Returns (x, chain
     nodes), or (node, []) when not repeated."""
@@ -246,8 +246,8 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         y = next((u for u in items if u.args[1] == 0), None)
         if y is None or any(u.users for u in items if u is not y):
             continue
-        k, k_chain = _unrepeat(a["key"])
-        v, v_chain = _unrepeat(a["value"])
+        k, k_chain = unrepeat_kv(a["key"])
+        v, v_chain = unrepeat_kv(a["value"])
         scale = a.get("scale") or 1.0 / math.sqrt(int(tq.shape[-1]))
         base = (*mask_nodes, *k_chain, *v_chain, node, *items)
         common = {"v": v, "mask": mask, "causal": bool(a.get("is_causal", False)),
