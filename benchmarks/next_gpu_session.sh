@@ -48,7 +48,7 @@ bench)
     --compile ${BENCH_COMPILE:-default,reduce-overhead} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?" >> "$OUT/bench.log"; tail -40 "$OUT/bench.log" ;;
 ablate)
-  timeout ${ABLATE_S:-400} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes 1,512 \
+  timeout ${ABLATE_S:-400} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes ${ABLATE_SHAPES:-1,512} \
     --compile none --ablate --json "$OUT/ablate.json" > "$OUT/ablate.log" 2>&1
   echo "ablate rc=$?" >> "$OUT/ablate.log"
   tail -40 "$OUT/ablate.log" ;;  # then, here: advisor report --analysis … --bench ablate.json
