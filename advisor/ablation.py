@@ -16,6 +16,12 @@ A deep fusion left out hands its sites back to shallower families still in the p
 over them, not over the unfused graph. Each row records the sites f held in the plan
 (`sites_in_plan`) and the sites other families took over without it (`taken_over`), so
 the report can predict that margin (report/html_candidates.py, `marginal_prediction`).
+
+The baseline t(plan) is timed the way each t(plan − f) is (a fresh apply of the one
+bucket), not taken from the recipe's own row: on an H100 (session 15) every leave-one-out
+of a family that held no site — the same graph — read 0.009 ms slower than the recipe's
+row, a bias as large as some savings. A family that held no site in the plan is not timed
+at all: without it the rewrite builds the same graph, so its saving is 0 by construction.
 """
 
 from __future__ import annotations
@@ -48,17 +54,28 @@ def taken_over(plan_sites: Mapping[str, int], without_sites: Mapping[str, int]) 
     return {f: n - plan_sites.get(f, 0) for f, n in without_sites.items() if n > plan_sites.get(f, 0)}
 
 
-def ablation_rows(shape: int, plan: Plan, plan_ms: float,
+def ablation_rows(shape: int, plan: Plan, recipe_ms: float,
                   time_plan: Callable[[Plan], tuple[float, dict[str, int]]],
                   plan_sites: Mapping[str, int]) -> list[dict[str, Any]]:
     """One row per removed family: `time_plan(p)` gives p's median ms at `shape` and its
-    sites applied per family; `plan_sites` the same for the whole plan. A plan that raises
-    is a row with its error. Rows carry both timings so a reader can recompute the saving."""
+    sites applied per family; `plan_sites` the same for the whole plan, `recipe_ms` the
+    recipe's own timing (kept; the baseline `plan_ms` is `time_plan(plan)`, or recipe_ms
+    if that fails). A plan that raises is a row with its error. Rows carry both timings so
+    a reader can recompute the saving."""
+    try:
+        plan_ms = time_plan(plan)[0]
+    except Exception:  # the leave-one-outs will say what fails; compare with the recipe's row
+        plan_ms = recipe_ms
     rows = []
     for removed, without in leave_one_out(plan):
-        row: dict[str, Any] = {"shape": shape, "removed": removed, "plan_ms": plan_ms}
+        row: dict[str, Any] = {"shape": shape, "removed": removed, "plan_ms": plan_ms,
+                               "recipe_ms": recipe_ms}
         if removed in plan.fusions:
             row["sites_in_plan"] = plan_sites.get(removed, 0)
+            if row["sites_in_plan"] == 0:  # the same graph without it: nothing to time
+                row.update(without_ms=plan_ms, measured_saving_ms=0.0, taken_over={}, same_graph=True)
+                rows.append(row)
+                continue
         try:
             ms, sites = time_plan(without)
             row.update(without_ms=ms, measured_saving_ms=ms - plan_ms,

@@ -40,10 +40,14 @@ def test_rows_carry_both_timings_the_sites_taken_over_and_a_failing_plan_is_a_ro
                                                          else {})
         return 2.0 + 0.5 * (3 - len(p.fusions)) + (0.0 if p.cuda_graph else 1.0), sites
 
-    rows = {r["removed"]: r for r in ablation_rows(128, PLAN, 2.0, time_plan, plan_sites)}
+    rows = {r["removed"]: r for r in ablation_rows(128, PLAN, 2.1, time_plan, plan_sites)}
+    # the baseline is the plan timed as the leave-one-outs are (2.0), not the recipe's 2.1
+    assert all(r["plan_ms"] == 2.0 and r["recipe_ms"] == 2.1 for r in rows.values())
     assert rows["add_rms_norm"]["measured_saving_ms"] == 0.5 and rows["add_rms_norm"]["without_ms"] == 2.5
     assert rows["add_rms_norm"]["sites_in_plan"] == 4 and rows["add_rms_norm"]["taken_over"] == {"gated_act": 3}
+    # gated_act held no site: the same graph without it, not timed, saving 0
     assert rows["gated_act"]["taken_over"] == {} and rows["gated_act"]["sites_in_plan"] == 0
+    assert rows["gated_act"]["measured_saving_ms"] == 0.0 and rows["gated_act"]["same_graph"]
     assert rows["cuda_graph"]["measured_saving_ms"] == 1.0 and "sites_in_plan" not in rows["cuda_graph"]
     assert rows["rope"]["measured_saving_ms"] is None and rows["rope"]["error"] == "RuntimeError: no kernel"
 
@@ -80,7 +84,7 @@ def test_bench_ablate_on_the_cpu_times_every_family_of_the_plan():
     assert [r["removed"] for r in rows] == ["add_rms_norm", "gated_act"]
     advisor_ms = next(r["ms"] for r in result.rows if r["variant"] == "advisor")
     for r in rows:
-        assert r["shape"] == 4 and r["plan_ms"] == advisor_ms and r["without_ms"] > 0
+        assert r["shape"] == 4 and r["recipe_ms"] == advisor_ms and r["plan_ms"] > 0 and r["without_ms"] > 0
         assert abs(r["measured_saving_ms"] - (r["without_ms"] - r["plan_ms"])) < 1e-12
 
 
