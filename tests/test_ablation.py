@@ -68,9 +68,12 @@ def test_the_report_predicts_a_deep_familys_margin_over_the_families_that_take_i
     analysis = json.loads((RESULTS / "h100-s14A-analysis.json").read_text())
     bench = {"schema_version": 1, "kind": "advisor.bench", "rows": [], "applied": [], "ablation": [
         {"shape": 1, "removed": "add_rms_norm_linear", "plan_ms": 1.598, "without_ms": 1.674,
-         "measured_saving_ms": 0.076, "sites_in_plan": 8, "taken_over": {"add_rms_norm": 8, "qkv_merge": 8}}]}
+         "measured_saving_ms": 0.076, "sites_in_plan": 8, "taken_over": {"add_rms_norm": 8, "qkv_merge": 8}},
+        {"shape": 1, "removed": "rms_norm", "plan_ms": 1.598, "without_ms": 1.598, "measured_saving_ms": 0.0,
+         "sites_in_plan": 0, "taken_over": {}, "same_graph": True}]}
     page = render_html(analyses=[analysis], bench=bench, title="t")
     assert "its predicted margin" in page and "took sites back (add_rms_norm 8, qkv_merge 8)" in page
+    assert "the rewrite builds the same graph (not timed, saving 0)" in page
 
 
 def test_bench_ablate_on_the_cpu_times_every_family_of_the_plan():
