@@ -45,6 +45,19 @@ def kernel_table(prof: Any, steps: int, top: int = 25) -> tuple[list[dict[str, A
     return rows[:top], sum(r["us_per_step"] for r in rows), sum(r["per_step"] for r in rows)
 
 
+def record(out: dict[str, Any], where: dict[str, int], name: str, r: dict[str, Any], top: int) -> None:
+    """Append one variant's result at one length to `out["results"]` and print it with its
+    `top` heaviest kernels."""
+    out["results"].append({**where, "variant": name, **r})
+    print(*where.values(), name, {k: v for k, v in r.items() if k != "top_kernels"}, flush=True)
+    for row in r.get("top_kernels", [])[:top]:
+        print(f"    {row['us_per_step']:8.1f} us  x{row['per_step']:5.1f}  {row['kernel'][:90]}", flush=True)
+
+
+def failed(exc: Exception) -> dict[str, str]:
+    return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+
+
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -107,11 +120,8 @@ def main() -> None:
                 r = profile_variant(fn, x, state, a.steps, advance, on_step)
             except Exception as exc:
                 state.restore()
-                r = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
-            out["results"].append({"context": t, "variant": name, **r})
-            print(t, name, {k: v for k, v in r.items() if k != "top_kernels"}, flush=True)
-            for row in r.get("top_kernels", [])[:12]:
-                print(f"    {row['us_per_step']:8.1f} us  x{row['per_step']:5.1f}  {row['kernel'][:90]}", flush=True)
+                r = failed(exc)
+            record(out, {"context": t}, name, r, 12)
         write(a.json, out)
 
 

@@ -26,7 +26,7 @@ from advisor.loader import build, call, inputs_for, load_model_file  # noqa: E40
 from advisor.runtime.apply import apply  # noqa: E402
 from advisor.runtime.recipe import load_recipe  # noqa: E402
 from benchmarks.common import header, write  # noqa: E402
-from benchmarks.profile_decode import kernel_table  # noqa: E402
+from benchmarks.profile_decode import failed, kernel_table, record  # noqa: E402
 
 
 def profile_variant(model: Any, x: Any, calls: int) -> dict[str, Any]:
@@ -73,11 +73,8 @@ def main() -> None:
             try:
                 r = profile_variant(fn, x, a.calls)
             except Exception as exc:  # noqa: BLE001 (one variant's failure must not end the run)
-                r = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
-            out["results"].append({"tokens": t, "variant": name, **r})
-            print(t, name, {k: v for k, v in r.items() if k != "top_kernels"}, flush=True)
-            for row in r.get("top_kernels", [])[:14]:
-                print(f"    {row['us_per_step']:8.1f} us  x{row['per_step']:5.1f}  {row['kernel'][:90]}", flush=True)
+                r = failed(exc)
+            record(out, {"tokens": t}, name, r, 14)
             write(a.json, out)
 
 
