@@ -159,7 +159,8 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
                     result.ablation += ablation_rows(
                         t, bucket.plan, advisor_ms[t], lambda p, t=t, bound=bucket.max_len: _time_plan(
                             model, Bucket(bound, p), inputs[t], states[t], device, length_of, reset[t]),
-                        sites_applied(result.applied, bucket.max_len))
+                        sites_applied(result.applied, bucket.max_len),
+                        sites_tried(result.applied, bucket.max_len))
         for mode in compile_modes:
             torch._dynamo.reset()
             compiled = torch.compile(model, mode=None if mode == "default" else mode)
@@ -237,6 +238,11 @@ def _advisor_row(fast: Any, x: Inputs, state: Snapshot, ref: torch.Tensor, exact
 def sites_applied(summary: list[dict[str, Any]], bound: int) -> dict[str, int]:
     """family -> sites applied in one bucket of `AdvisedModel.summary()`."""
     return {r["family"]: r["applied"] for r in summary if r["bucket"] == bound and "applied" in r}
+
+
+def sites_tried(summary: list[dict[str, Any]], bound: int) -> set[str]:
+    """Families that attempted a site in one bucket (applied or refused)."""
+    return {r["family"] for r in summary if r["bucket"] == bound and (r.get("applied") or r.get("unfused"))}
 
 
 def _time_plan(model: torch.nn.Module, bucket: Bucket, x: Inputs, state: Snapshot, device: torch.device,

@@ -119,3 +119,49 @@ def test_a_sliding_window_shorter_than_the_input_stays_a_mask(monkeypatch):
         torch.testing.assert_close(fast(**x).logits, model(**x).logits, rtol=1e-4, atol=1e-4)
     # 3 tokens only; at 9 the original op ran on k, v repeated as the graph did
     assert [(w.causal_calls, w.group) for w in _wrapped(graphs)] == [(1, 2), (1, 2)]
+
+
+def test_a_marked_one_by_one_mask_broadcast_over_more_tokens_is_not_causal():
+    """A (1, 1, 1, 1) zero bias is the causal mask of one token, and marked; broadcast over
+    T x T it hides nothing, and neither reader may take it as causal."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (randn_nonzero((1, 2, 4, 8), torch.float32, torch.device("cpu"), g) for _ in range(3))
+    one = torch.zeros(1, 1, 1, 1)
+    assert mark_if_causal(one)
+    assert attn._causal_for_mask(q, k, one, False) == (one, False)
+    wrapper = CausalWhenMarked(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, [0, 2, 1, 3])
+    got = wrapper(q, k, v, attn_mask=one)[0]
+    torch.testing.assert_close(got, torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    assert wrapper.causal_calls == 0
+
+
+@pytest.mark.parametrize("op", ["_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"])
+def test_the_causal_path_answers_in_each_cuda_forms_results(op):
+    """The CUDA SDPA forms' schemas (4 and 9 results, the mask as attn_bias): on a marked
+    mask the wrapper never calls the op, so this runs on the CPU; GQA k, v (group 2) and an
+    output laid out as the traced (B, T, H, D) buffer."""
+    aten_op = getattr(torch.ops.aten, op).default
+    g = torch.Generator().manual_seed(2)
+    q = randn_nonzero((1, 5, 4, 8), torch.float32, torch.device("cpu"), g).transpose(1, 2)  # (1, 4, 5, 8)
+    k, v = (randn_nonzero((1, 2, 5, 8), torch.float32, torch.device("cpu"), g) for _ in range(2))
+    mask = _additive(torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf"))[None, None]
+    mark_if_causal(mask)
+    wrapper = CausalWhenMarked(aten_op, [0, 2, 1, 3], group=2)
+    extra = (True, 0.0, False) if "efficient" in op else (True, 0.0, False, False)
+    out = wrapper(q, k, v, mask, *extra)
+    assert len(out) == len(aten_op._schema.returns) and all(o is None for o in out[1:])
+    y = out[0]
+    assert y.transpose(1, 2).is_contiguous()  # dims in the traced order, densely
+    want = attn.reference(q, k, v, causal=True)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    assert wrapper.causal_calls == 1
+
+
+def test_in_order_copies_only_a_layout_the_graph_did_not_trace():
+    from advisor.runtime.causal_sdpa import _in_order
+
+    y = torch.randn(2, 3, 4, 5)  # contiguous (B, H, T, D)
+    assert _in_order(y, [0, 1, 2, 3]) is y
+    bthd = _in_order(y, [0, 2, 1, 3])  # traced as a (B, T, H, D) buffer viewed (B, H, T, D)
+    assert torch.equal(bthd, y) and bthd.transpose(1, 2).is_contiguous()
+    assert _in_order(bthd, [0, 2, 1, 3]) is bthd

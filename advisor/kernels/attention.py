@@ -54,7 +54,7 @@ from advisor.kernels._triton import (
     resources,
     triton_can_run,
 )
-from advisor.kernels.masks import marked_causal
+from advisor.kernels.masks import reads_as_causal
 from advisor.kernels.registry import KernelSpec, register
 from advisor.kernels.rope import rope_partner
 from advisor.kernels.space import Config, ConfigSpace, Problem, decode
@@ -645,7 +645,7 @@ def _rotate_once(q, k, cos, sin, interleaved):
 def _causal_for_mask(q, k, mask, causal) -> tuple[Any, bool]:
     """(mask, causal): a mask marked causal (kernels/masks.py) over Tq == Tk is read as
     `causal=True`, and its T x T values are never loaded."""
-    if mask is not None and q.shape[2] == k.shape[2] and marked_causal(mask):
+    if mask is not None and reads_as_causal(mask, q.shape[2], k.shape[2]):
         return None, True
     return mask, causal
 

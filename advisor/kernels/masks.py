@@ -63,3 +63,10 @@ def mark_if_causal(t: torch.Tensor) -> bool:
 def marked_causal(mask: Any) -> bool:
     """True when `mask` is a tensor marked by `mark_if_causal`."""
     return isinstance(mask, torch.Tensor) and getattr(mask, _MARK, False) is True
+
+
+def reads_as_causal(mask: Any, tq: int, tk: int) -> bool:
+    """A marked mask that attention over Tq queries and Tk keys may read as `causal=True`:
+    Tq == Tk (top-left and bottom-right alignment agree) and the mask is (..., Tq, Tk)
+    itself — a marked (1, 1) mask broadcast over T x T > 1 hides nothing and is not causal."""
+    return tq == tk and marked_causal(mask) and tuple(mask.shape[-2:]) == (tq, tk)

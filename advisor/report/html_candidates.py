@@ -200,9 +200,12 @@ def _ablation_cells(row: dict, cands: dict[str, dict], ceilings: dict | None, gr
            f"{_f(row.get('without_ms'))} ms − plan {_f(row.get('plan_ms'))} ms")
     if row.get("error"):
         tip += f" ({row['error']})"
-    if row.get("same_graph"):  # advisor/ablation.py: held no site, so not timed
+    if row.get("baseline_error"):
+        tip += f"; the plan itself failed to time ({row['baseline_error']}): compared with the recipe's row"
+    if row.get("same_graph"):  # advisor/ablation.py: attempted no site, so not timed
         return _error_cells(0.0, 0.0, f"it held no site of the plan at {row.get('shape')} tokens: "
-                            "without it the rewrite builds the same graph (not timed, saving 0)")
+                            "without it the rewrite builds the same graph (not timed, saving 0; "
+                            f"the analysis predicted {_f(predicted)} ms with its sites)")
 
     def price(x: dict) -> float | None:  # under CUDA graphs: re-priced for them
         return graph_priced(x, ceilings, kernel_us) if graphs else _num(x.get("predicted_saving_ms"))

@@ -139,7 +139,9 @@ class AdvisedModel(torch.nn.Module):
                 out = state.graphs(*args, **kwargs)
             else:
                 out = state.fn(*args, **kwargs)
-        if first:
+        if first:  # to the first result: the device's work included
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             state.first_call_s = time.perf_counter() - start
         return out
 
@@ -168,8 +170,9 @@ class AdvisedModel(torch.nn.Module):
                 "increments_batched": sum(r.increments_batched for r in state.reports),
                 "shape_only_memoized": sum(r.shape_only_memoized for r in state.reports),
                 "causal_sdpa": sum(r.causal_sdpa for r in state.reports),
-                # host time of the first call (cold start): of which rewriting, of which
-                # confirming sites; the rest is tracing, warm-ups and CUDA-graph capture
+                # the bucket's first call (cold start); the rewrites' and confirmations'
+                # host time, summed over every compile of the bucket (a later length's
+                # recompile too); the first call less its rewrite is tracing, warm-ups, capture
                 "first_call_s": round(state.first_call_s, 3),
                 "rewrite_s": round(sum(r.seconds for r in state.reports), 3),
                 "confirm_s": round(sum(r.confirm_seconds for r in state.reports), 3),

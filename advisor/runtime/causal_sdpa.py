@@ -23,7 +23,7 @@ from advisor.graph.capture import fake, hint
 from advisor.graph.match import is_getitem
 from advisor.graph.patterns.attention import SDPA_OPS, unrepeat_kv
 from advisor.graph.shape_only import ShapeMemo
-from advisor.kernels.masks import marked_causal
+from advisor.kernels.masks import reads_as_causal
 
 aten = torch.ops.aten
 
@@ -52,12 +52,14 @@ class CausalWhenMarked:
         a = self._bind(args, kwargs)
         q, k, v = a["query"], a["key"], a["value"]
         mask = a.get("attn_mask", a.get("attn_bias"))
-        if not marked_causal(mask) or q.shape[-2] != k.shape[-2] or a.get("dropout_p"):
+        if not reads_as_causal(mask, q.shape[-2], k.shape[-2]) or a.get("dropout_p"):
             if self.group == 1:
                 return self.op(*args, **kwargs)
             a["key"], a["value"] = (x.repeat_interleave(self.group, dim=1) for x in (k, v))
             return self.op(**a)
         self.causal_calls += 1
+        if q.shape[1] != k.shape[1] and not _gqa_native(q):
+            k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=a.get("scale"),
                                            enable_gqa=q.shape[1] != k.shape[1])
         y = _in_order(y, self.order)
@@ -65,6 +67,14 @@ class CausalWhenMarked:
 
     def __repr__(self) -> str:
         return f"CausalWhenMarked({self.op}, causal_calls={self.causal_calls})"
+
+
+def _gqa_native(q: torch.Tensor) -> bool:
+    """Whether SDPA's flash kernel takes GQA's k, v as they are (CUDA, fp16/bf16, head dim a
+    multiple of 8 up to 256). Elsewhere `enable_gqa` can send SDPA to its math backend (T x T
+    weights per head), where repeated k, v keep the efficient kernel."""
+    d = q.shape[-1]
+    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and d % 8 == 0 and d <= 256
 
 
 def _in_order(y: torch.Tensor, order: list[int]) -> torch.Tensor:
