@@ -16,7 +16,10 @@
 #           torch.compile reduce-overhead -> $OUT/coldstart-*.json
 #   attention  attention_probe.py at 512/2048/8192: ours + RoPE vs RoPE + SDPA, eager/compiled;
 #           SDPA and ours reading the materialised causal mask, and ours on it marked causal
-#   prefill profile_prefill.py: kernels per forward, RECIPE vs reduce-overhead (PROFILE_TOKENS)
+#   prefill profile_prefill.py: kernels per forward, RECIPE vs reduce-overhead (PROFILE_TOKENS;
+#           PROFILE_ARGS=--compile-first profiles compile first, for order effects)
+#   pack    last: every file under $OUT into 0-all.tgz, first by name (the device returns 8
+#           files at most, by name); JSONs kept beside it while they fit, logs dropped
 #   kernels issue 3's memory-bound kernels at 2048/8192 (default configs), then issue 6's
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
@@ -90,7 +93,7 @@ attention)  # issue 6: ours + RoPE against RoPE + SDPA (eager and compiled), def
   tail -8 "$OUT/attention.log" ;;
 prefill)  # kernels per forward, RECIPE vs torch.compile reduce-overhead, 128/512/2048
   timeout ${PROFILE_S:-200} python3 benchmarks/profile_prefill.py --recipe "$RECIPE" \
-    --tokens ${PROFILE_TOKENS:-128,512,2048} > "$OUT/profile-prefill.log" 2>&1
+    --tokens ${PROFILE_TOKENS:-128,512,2048} ${PROFILE_ARGS:-} > "$OUT/profile-prefill.log" 2>&1
   echo "profile rc=$?" >> "$OUT/profile-prefill.log"; grep -v "^    " "$OUT/profile-prefill.log" | tail -8 ;;
 coldstart)
   PLAN=${PLAN:-$RECIPE}  # a recipe's one-token bucket is traced static (a plan file: symbolic)
@@ -103,6 +106,10 @@ coldstart)
   done
   unset TRITON_CACHE_DIR TORCHINDUCTOR_CACHE_DIR
   grep " to first forward" "$OUT/coldstart.log" ;;
+pack)
+  (cd "$OUT" && tar czf /tmp/0-all.tgz . && mv /tmp/0-all.tgz . \
+    && find . -type f ! -name 0-all.tgz ! -name '*.json' -delete \
+    && ls *.json 2>/dev/null | tail -n +8 | xargs -r rm -f; ls) ;;
 *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
 done

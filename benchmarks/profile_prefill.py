@@ -56,6 +56,8 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                    help="also torch.compile reduce-overhead")
+    p.add_argument("--compile-first", action="store_true",
+                   help="profile torch.compile before advisor at each length (order effects: clocks, L2)")
     p.add_argument("--json", default="profile-prefill.json", help="file name under $OUT")
     a = p.parse_args()
     dev, dtype = torch.device("cuda"), torch.bfloat16
@@ -67,6 +69,8 @@ def main() -> None:
     variants: list[tuple[str, Any]] = [(f"advisor[{Path(a.recipe).name}]", apply(model, load_recipe(a.recipe)))]
     if a.compile:
         variants.append(("torch.compile[reduce-overhead]", torch.compile(model, mode="reduce-overhead")))
+    if a.compile_first:
+        variants.reverse()
     for t in tokens:
         x = inputs_for(mf, t, 1, dev, dtype=dtype)
         for name, fn in variants:
