@@ -80,8 +80,7 @@ class ShapeMemo:
                 # stream): they must be complete before anyone else reads them.
                 torch.cuda.current_stream().synchronize()
             for t in out:  # a causal mask, kept: its readers may take `causal=True` instead
-                if t.dim() >= 2 and t.shape[-1] == t.shape[-2]:
-                    mark_if_causal(t)
+                mark_if_causal(t)
             self.values[key] = out
             self.bytes += size
         return out

@@ -21,11 +21,9 @@ from torch import fx
 
 from advisor.graph.capture import fake, hint
 from advisor.graph.match import is_getitem
-from advisor.graph.patterns.attention import SDPA_OPS, unrepeat_kv
+from advisor.graph.patterns.attention import SDPA_OPS, bind_args, positional_names, sdpa_args, unrepeat_kv
 from advisor.graph.shape_only import ShapeMemo
 from advisor.kernels.masks import reads_as_causal
-
-aten = torch.ops.aten
 
 
 class CausalWhenMarked:
@@ -35,9 +33,6 @@ class CausalWhenMarked:
     def __init__(self, op: Any, order: list[int], group: int = 1):
         self.op, self.group = op, group
         schema = op._schema
-        self.names = [a.name for a in schema.arguments]
-        self.positional = [a.name for a in schema.arguments if not a.kwarg_only]
-        self.defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
         self.n_results = len(schema.returns)
         self.order = order  # the output's dims from largest stride to smallest, as traced
         # > 1: the node is given GQA's k, v before repeat_kv (Hq / Hkv = group); the causal
@@ -45,11 +40,8 @@ class CausalWhenMarked:
         self.causal_calls = 0  # how many calls took the causal path (tests, summaries)
         self.__name__ = f"advisor_causal_when_marked_{schema.name.split('::')[-1]}"
 
-    def _bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
-        return {**self.defaults, **dict(zip(self.positional, args)), **kwargs}
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        a = self._bind(args, kwargs)
+        a = bind_args(self.op, args, kwargs)
         q, k, v = a["query"], a["key"], a["value"]
         mask = a.get("attn_mask", a.get("attn_bias"))
         if not reads_as_causal(mask, q.shape[-2], k.shape[-2]) or a.get("dropout_p"):
@@ -101,8 +93,8 @@ def read_marked_masks(gm: fx.GraphModule) -> int:
     for node in gm.graph.nodes:
         if node.op != "call_function" or not any(node.target is op for op in SDPA_OPS):
             continue
-        mask = CausalWhenMarked(node.target, [])._bind(node.args, node.kwargs)
-        mask = mask.get("attn_mask", mask.get("attn_bias"))
+        a = sdpa_args(node)
+        mask = a.get("attn_mask", a.get("attn_bias"))
         results = [u for u in node.users if is_getitem(u)]
         if not _memo_output(mask) or any(u.users for u in results if u.args[1] != 0):
             continue
@@ -122,8 +114,7 @@ def read_marked_masks(gm: fx.GraphModule) -> int:
 def _kv_before_repeat(node: fx.Node) -> int:
     """Give `node` GQA's k and v before repeat_kv (graph/patterns/attention.py `unrepeat_kv`:
     expand + clone + view, a copy of each to every q head); returns the group (1: as is)."""
-    names = CausalWhenMarked(node.target, [])
-    a = names._bind(node.args, node.kwargs)
+    a = sdpa_args(node)
     (k, k_chain), (v, v_chain) = unrepeat_kv(a["key"]), unrepeat_kv(a["value"])
     tq, tk, tv = fake(a["query"]), fake(k), fake(v)
     if not k_chain or not v_chain or tq is None or tk is None or tv is None or tk.shape != tv.shape:
@@ -136,7 +127,7 @@ def _kv_before_repeat(node: fx.Node) -> int:
         if name in kwargs:
             kwargs[name] = new
         else:
-            args[names.positional.index(name)] = new
+            args[positional_names(node.target).index(name)] = new
     node.args, node.kwargs = tuple(args), kwargs
     return hq // hkv
 

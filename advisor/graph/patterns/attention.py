@@ -9,7 +9,7 @@ index_copy/index_put into a cache buffer, "rope_kv_cache" when the written k is 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -85,11 +85,19 @@ def find_cache_writes(gm: fx.GraphModule, ropes: list[Match], fusable: Sequence[
 def sdpa_args(node: fx.Node) -> dict[str, Any]:
     """An SDPA node's arguments by schema name (query, key, value, attn_mask | attn_bias,
     dropout_p, is_causal, scale), whichever of aten's SDPA forms the backend chose."""
-    schema = node.target._schema
-    out = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
-    positional = [a for a in schema.arguments if not a.kwarg_only]
-    out.update({a.name: v for a, v in zip(positional, node.args)})
-    out.update(node.kwargs)
+    return bind_args(node.target, node.args, node.kwargs)
+
+
+def positional_names(op: Any) -> list[str]:
+    """An aten op's positional argument names, in order."""
+    return [a.name for a in op._schema.arguments if not a.kwarg_only]
+
+
+def bind_args(op: Any, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """An aten op's call arguments (nodes or values) by schema name, defaults filled in."""
+    out = {a.name: a.default_value for a in op._schema.arguments if a.has_default_value()}
+    out.update(zip(positional_names(op), args))
+    out.update(kwargs)
     return out
 
 
