@@ -232,7 +232,7 @@ def test_space_bounded_default_kept_fits_smem(m, dtype):
         gated = int(name == "gemm_swiglu")
         problem = {"M": m, "N": dims["N"], "K": dims["K"], "dtype": dtype, "gated": gated}
         configs = spec.space.configs(problem)
-        assert 1 <= len(configs) <= 48
+        assert 1 <= len(configs) <= 96  # x2 past 16 rows: the TMA axis
         assert spec.space.default(problem) in configs
         elt = 4 if dtype.endswith("32") else 2
         for c in configs:
@@ -391,3 +391,65 @@ def test_unfused_baseline_computes_the_same_function(name):
     for dims in spec.test_dims:
         inputs = spec.make_inputs(dims, torch.float32, torch.device("cpu"), torch.Generator().manual_seed(0))
         assert_close(spec.unfused_ops()(*inputs), spec.reference(*inputs), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m, k, n", [(17, 40, 40), (33, 72, 24)])
+def test_tma_path_every_op(monkeypatch, dtype, m, k, n):
+    """TMA=1 (tensor descriptors; the interpreter runs them on the CPU): ragged M, N and K
+    read zeros past the bounds; the gated form's last gate tile passes N into the up rows."""
+    launches = _count_tma_launches(monkeypatch)
+    cfg = _cfg(m, n, k, dtype, TMA=1)
+    assert gemm.SPACE.keep(cfg, {"M": m, "N": n, "K": k, "dtype": str(dtype), "gated": 0})
+    x, w = _xw(m, k, n, dtype)
+    b, r = _rand((n,), dtype, 3), _rand((m, n), dtype, 4)
+    assert gemm.tma_ok(x, w)
+    assert_close(gemm.launch_gemm_epilogue(x, w, b, r, "gelu_tanh", cfg),
+                 gemm.reference(x, w, b, r, "gelu_tanh"))
+    x2, w_gu = _xw(m, k, 2 * n, dtype, seed=3)
+    assert_close(gemm.launch_gemm_swiglu(x2, w_gu, "silu", cfg), gemm.reference_swiglu(x2, w_gu, "silu"))
+    g = _rand((k,), dtype, 5, 0.5)
+    assert_close(gemm.launch_gemm_rmsnorm(x, g, w, 1e-6, 1.0, cfg),
+                 gemm.reference_rmsnorm(x, g, w, 1e-6, 1.0))
+    assert_close(gemm.launch_gemm_rmsnorm_swiglu(x2, g, w_gu, 1e-6, 0.0, "silu", cfg),
+                 gemm.reference_rmsnorm_swiglu(x2, g, w_gu, 1e-6, 0.0, "silu"))
+    assert len(launches) == 4  # none fell back to pointer loads
+
+
+def _count_tma_launches(monkeypatch) -> list:
+    launches, kernel = [], gemm._gemm_tma_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(gemm, "_gemm_tma_kernel", Counting())
+    return launches
+
+
+def test_tma_falls_back_to_pointer_loads_where_descriptors_cannot_read(monkeypatch):
+    m, k, n = 17, 40, 24
+    x_wide, w = _rand((m, 2 * k), torch.float16, 0), _rand((n, k), torch.float16, 1, k ** -0.5)
+    x = x_wide[:, ::2]  # strided columns: no descriptor
+    ragged = _rand((m, k + 1), torch.float16, 2)[:, :k]  # rows 82 bytes apart: not 16-aligned
+    assert not gemm.tma_ok(x, w) and not gemm.tma_ok(ragged, w) and gemm.tma_ok(x.contiguous(), w)
+    cfg = _cfg(m, n, k, torch.float16, TMA=1)
+    assert gemm.SPACE.keep(cfg, {"M": m, "N": n, "K": k, "dtype": "torch.float16", "gated": 0})
+    launches = _count_tma_launches(monkeypatch)
+    for xx in (x, ragged):
+        assert_close(gemm.launch_gemm_epilogue(xx, w, None, None, "none", cfg),
+                     gemm.reference(xx, w, None, None, "none"))
+    assert not launches
+
+
+def test_tma_only_unsplit_on_tensor_core_tiles():
+    problem = {"M": 64, "N": 256, "K": 512, "dtype": "torch.bfloat16", "gated": 0}
+    tma = [c for c in gemm.SPACE.configs(problem) if c["TMA"]]
+    assert tma and all(c["SPLIT_K"] == 1 for c in tma)
+    for m in (1, 4, 8, 16):  # the GEMV path and the 16-row split-K tiles
+        small = {**problem, "M": m}
+        assert not any(c["TMA"] for c in gemm.SPACE.configs(small))
+    # a config stored before the axis reads as pointer loads
+    old = {k: v for k, v in gemm.SPACE.default(problem).items() if k != "TMA"}
+    assert gemm.SPACE.well_formed(old)["TMA"] == 0

@@ -46,6 +46,7 @@ Example (CPU needs TRITON_INTERPRET=1; on CUDA it runs the compiled kernel)::
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -279,6 +280,49 @@ def _gemm_kernel(
 
 
 @triton.jit
+def _gemm_tma_kernel(
+    XD, WD,  # tensor descriptors: x (M, K) in (BM, BK) blocks; W (N_w, K) in (BN, BK) blocks
+    G, B, R, RS, Y,  # as in _gemm_kernel
+    M, N, K, stride_rm, stride_ym, weight_offset,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    PRE_SCALE: tl.constexpr, GATED: tl.constexpr, EMULATE: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """`_gemm_kernel` (SPLIT_K = 1) with x and W tiles fetched by the tensor memory
+    accelerator (Hopper's TMA): one bulk copy per tile into shared memory, which the
+    pipelined loop overlaps with the tensor-core work, instead of per-thread address
+    arithmetic and cp.async. A tile past M, N or K reads zeros (the descriptor's bounds),
+    so no load needs a mask; the gate tile of a GATED W whose last column tile passes N
+    reads rows of the up half there, which the masked store drops."""
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = acc
+    for k in range(0, K, BLOCK_K):
+        a = XD.load([pid_m * BLOCK_M, k])  # (BM, BK)
+        b = WD.load([pid_n * BLOCK_N, k])  # (BN, BK): rows of W
+        if PRE_SCALE:
+            kk = k + tl.arange(0, BLOCK_K)
+            g = tl.load(G + kk, mask=kk < K, other=0.0).to(tl.float32) + weight_offset
+            if EMULATE:
+                a = _round_like(a.to(tl.float32) * g[None, :], a)
+            else:
+                a = (a.to(tl.float32) * g[None, :]).to(a.dtype)
+        if EMULATE:  # the 3.9 interpreter's dot multiplies bf16 bit patterns (triton#11584)
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b.T, acc, input_precision=PRECISION)
+        if GATED:
+            bu = WD.load([N + pid_n * BLOCK_N, k])
+            if EMULATE:
+                bu = bu.to(tl.float32)
+            up = tl.dot(a, bu.T, up, input_precision=PRECISION)
+    _finish(acc, up, rows, cols, M, N, B, R, RS, Y, Y, stride_rm, stride_ym, 0, 0,
+            ACT, HAS_BIAS, HAS_RESIDUAL, PRE_SCALE, GATED, 1)
+
+
+@triton.jit
 def _gemv_step(acc, a, b, ONE_ROW: tl.constexpr):
     """acc += a·bᵀ for x rows a (BM, BK) fp32 and W rows b (BN, BK). ONE_ROW (M = 1): acc is
     (BN, BK), multiplied elementwise and reduced once after the loop (no cross-thread
@@ -484,7 +528,8 @@ def _menu(problem: Problem) -> dict[str, tuple[int, ...]]:
         menu = {"BLOCK_M": rows, "BLOCK_K": deep[:1], "num_warps": (4, 8), "SPLIT_K": (1, 2)}
     else:
         menu = {"BLOCK_M": (64, 128), "BLOCK_K": (32, 64), "num_warps": (4, 8), "SPLIT_K": (1,)}
-    menu.update(BLOCK_N=(64, 128, 256), GROUP_M=(8,), num_stages=(3, 4))
+    menu.update(BLOCK_N=(64, 128, 256), GROUP_M=(8,), num_stages=(3, 4),
+                TMA=(0,) if m <= 16 else (0, 1))  # TMA has no split-K: not on the decode tiles
     for axis, size in (("BLOCK_N", problem["N"]), ("BLOCK_K", problem["K"])):
         cap = max(32, _pow2(size))  # no tile wider than the problem (but >= 32 for tl.dot)
         menu[axis] = tuple(v for v in menu[axis] if v <= cap) or (cap,)
@@ -525,7 +570,7 @@ def _keep_gemv(cfg: Config, problem: Problem) -> bool:
     nacc = 1 + int(problem.get("gated", 0))
     per_thread = nacc * cfg["BLOCK_M"] * cfg["BLOCK_N"] * cfg["BLOCK_K"] // (32 * cfg["num_warps"])
     lo, hi = (0, 4 * GEMV_PER_THREAD[1]) if _toy(problem) else GEMV_PER_THREAD
-    return (problem["M"] <= GEMV_MAX_M
+    return (problem["M"] <= GEMV_MAX_M and not cfg.get("TMA", 0)
             and all(cfg[axis] in values for axis, values in _gemv_menu(problem).items())
             and lo <= per_thread <= hi and _gemv_split_ok(cfg, problem))
 
@@ -552,7 +597,7 @@ def _gemv_default(problem: Problem) -> Config:
     rows = 8 if gated else max(8, (32 if n >= 4096 else 16) // bm)
     cfg = {"BLOCK_M": bm, "BLOCK_N": rows,
            "BLOCK_K": max(menu["BLOCK_K"][0], min(256, _pow2(problem["K"]))),
-           "GROUP_M": 8, "num_warps": 4, "num_stages": 1, "SPLIT_K": 1}
+           "GROUP_M": 8, "num_warps": 4, "num_stages": 1, "SPLIT_K": 1, "TMA": 0}
     if _toy(problem):
         cfg.update(BLOCK_N=min(64, max(8, _pow2(n))), BLOCK_K=menu["BLOCK_K"][-1])
         while cfg["BLOCK_N"] > 8 and not _keep_gemv(cfg, problem):
@@ -580,7 +625,7 @@ def keep(cfg: Config, problem: Problem) -> bool:
     menu = _menu(problem)
     return (all(cfg[axis] in values for axis, values in menu.items())
             and smem <= SMEM_BUDGET and busy and acc_per_thread <= 128
-            and _split_ok(cfg, problem))
+            and _split_ok(cfg, problem) and not (cfg["TMA"] and cfg["SPLIT_K"] > 1))
 
 
 def default(problem: Problem) -> Config:
@@ -592,7 +637,7 @@ def default(problem: Problem) -> Config:
         return _gemv_default(problem)
     menu = _menu(problem)
     cfg = {"BLOCK_M": 128, "BLOCK_N": 128 // nacc, "BLOCK_K": menu["BLOCK_K"][-1],
-           "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "SPLIT_K": 1}
+           "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "SPLIT_K": 1, "TMA": 0}
     if m <= 128:
         cfg.update(BLOCK_M=min(64, max(16, _pow2(m))), BLOCK_N=64 if m <= 16 else cfg["BLOCK_N"],
                    num_warps=4, num_stages=4)
@@ -613,9 +658,11 @@ SPACE = ConfigSpace(
         "num_warps": (4, 8),
         "num_stages": (1, 2, 3, 4),
         "SPLIT_K": (1, 2, 4, 8),
+        "TMA": (0, 1),  # 1: _gemm_tma_kernel where x and W allow it (tma_ok), SPLIT_K = 1
     },
     default=default,
     keep=keep,
+    fill={"TMA": 0},  # configs stored before the axis: pointer loads
 )
 
 
@@ -676,12 +723,20 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
         _row_rstd_kernel[(m,)](x2, rs, k, x2.stride(0), x2.stride(1), eps,
                                BLOCK_K=min(4096, _pow2(k)), num_warps=4)
     emulate = interpreting() and x.dtype == torch.bfloat16
+    precision = "ieee" if emulate or x.dtype == torch.float32 else "tf32"
+    tiles = {key: v for key, v in cfg.items() if key != "TMA"}
+    if cfg.get("TMA", 0) and split == 1 and tma_ok(x2, w):
+        del tiles["SPLIT_K"]
+        compiled = _gemm_tma_kernel[(_tiles(cfg, problem),)](
+            _descriptor(x2, cfg["BLOCK_M"], cfg["BLOCK_K"]), _descriptor(w, cfg["BLOCK_N"], cfg["BLOCK_K"]),
+            g, b, r2, rs, y, m, n, k, r2.stride(0), y.stride(0), offset, PRE_SCALE=norm is not None,
+            EMULATE=emulate, PRECISION=precision, **flags, **tiles)
+        return y.view(*x.shape[:-1], n), compiled
     compiled = _gemm_kernel[(_tiles(cfg, problem), split)](
         x2, w, g, b, r2, rs, y, partials, m, n, k, x2.stride(0), x2.stride(1), w.stride(0),
         w.stride(1), r2.stride(0), y.stride(0), p_strides[0], p_strides[1], offset,
         PRE_SCALE=norm is not None,
-        EVEN_K=k % cfg["BLOCK_K"] == 0, EMULATE=emulate,
-        PRECISION="ieee" if emulate or x.dtype == torch.float32 else "tf32", **flags, **cfg)
+        EVEN_K=k % cfg["BLOCK_K"] == 0, EMULATE=emulate, PRECISION=precision, **flags, **tiles)
     if split > 1:
         grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
         _splitk_epilogue_kernel[grid](
@@ -690,6 +745,26 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SPLIT_K=split, GDC=False, num_warps=4,
             **flags)
     return y.view(*x.shape[:-1], n), compiled
+
+
+_HAS_DESCRIPTORS = importlib.util.find_spec("triton.tools.tensor_descriptor") is not None
+
+
+def tma_ok(*tensors: torch.Tensor) -> bool:
+    """Whether 2-D tensors can be read through TMA descriptors: a Hopper-or-later GPU
+    (or the interpreter), unit last stride, 16-byte aligned base and row stride."""
+    t = tensors[0]
+    if not _HAS_DESCRIPTORS or not interpreting() and not (
+            t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9):
+        return False
+    return all(u.dim() == 2 and u.stride(1) == 1 and u.data_ptr() % 16 == 0
+               and (u.stride(0) * u.element_size()) % 16 == 0 for u in tensors)
+
+
+def _descriptor(t: torch.Tensor, rows: int, cols: int) -> Any:
+    from triton.tools.tensor_descriptor import TensorDescriptor  # triton >= 3.3
+
+    return TensorDescriptor.from_tensor(t, [rows, cols])
 
 
 def _run_gemv(x2, w, b, r2, y, partials, p_strides, cfg: Config, norm, flags: dict[str, Any],

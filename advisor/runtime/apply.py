@@ -31,6 +31,7 @@ from advisor.errors import RecipeError
 from advisor.graph.capture import aten_backend
 from advisor.kernels._triton import programmatic_launch
 from advisor.runtime.cudagraph import GraphCache
+from advisor.runtime.outside_graph import entered
 from advisor.runtime.plan import UNFUSED, Plan
 from advisor.runtime.recipe import Bucket, Recipe
 from advisor.runtime.rewrite import RewriteReport, rewrite
@@ -117,7 +118,7 @@ class AdvisedModel(torch.nn.Module):
             for group in report.merged_weights:
                 arrange(model, group)
             state.reports.append(report)
-            return gm.forward
+            return entered(gm.forward)  # counted in captures (outside_graph.Deferred.sound)
 
         return torch.compile(model, backend=aten_backend(model, on_graph),
                              dynamic=None if one_length else True)
@@ -170,6 +171,7 @@ class AdvisedModel(torch.nn.Module):
                 "increments_batched": sum(r.increments_batched for r in state.reports),
                 "shape_only_memoized": sum(r.shape_only_memoized for r in state.reports),
                 "causal_sdpa": sum(r.causal_sdpa for r in state.reports),
+                "outputs_outside_graph": sum(r.outputs_outside_graph for r in state.reports),
                 # the bucket's first call (cold start); the rewrites' and confirmations'
                 # host time, summed over every compile of the bucket (a later length's
                 # recompile too); the first call less its rewrite is tracing, warm-ups, capture

@@ -5,7 +5,8 @@ from Python. Graphs are keyed by the input shapes: within a bucket every distinc
 gets its own graph (no padding, so outputs are exactly the unfused model's), at most
 `max_graphs` per bucket (least recently used are dropped); a shape past that runs
 without a graph. Outputs are cloned out of the graph's static buffers so that a later
-replay cannot overwrite what the caller holds.
+replay cannot overwrite what the caller holds, except large matmul outputs (a prefill's
+logits), which run after the replay into fresh memory instead (`outside_graph.py`).
 
 Inputs the forward writes in place (a KV cache passed as tensors) are state, not data:
 the warm-up runs on clones and tells them apart (their version counter moves), and the
@@ -22,9 +23,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from advisor.errors import one_line
+from advisor.runtime.outside_graph import Deferred
 from advisor.state import Snapshot
 
 MAX_GRAPHS = 8
@@ -105,9 +107,20 @@ class _Captured:
         self.static = [x if is_state or not isinstance(x, torch.Tensor) else x.clone()
                        for x, is_state in zip(flat, self.state)]
         a, k = tree_unflatten(self.static, self.spec)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = fn(*a, **k)
+        self.deferred = Deferred()
+        self.graph, self.out = self._capture(fn, a, k, self.deferred)
+        if not self.deferred.sound(self.out):  # a placeholder may have been read: cut nothing
+            self.deferred = Deferred()
+            self.graph, self.out = self._capture(fn, a, k, None)
+
+    @staticmethod
+    def _capture(fn: Callable[..., Any], a: Any, k: Any, deferred: Deferred | None) -> tuple:
+        graph = torch.cuda.CUDAGraph()
+        if deferred is None:
+            with torch.cuda.graph(graph):
+                return graph, fn(*a, **k)
+        with deferred.active(), torch.cuda.graph(graph):
+            return graph, fn(*a, **k)
 
     def __call__(self, flat: list[Any]) -> Any:
         """flat: the call's flattened inputs; its state tensors are the captured ones."""
@@ -115,7 +128,7 @@ class _Captured:
             if isinstance(dst, torch.Tensor) and not is_state:
                 dst.copy_(src)
         self.graph.replay()
-        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.out)
+        return self.deferred.resolve(self.out)  # cut-out matmuls run now; the rest cloned
 
 
 def _state_pointers(flat: list[Any], state: list[bool]) -> tuple[int, ...]:

@@ -32,6 +32,7 @@ from advisor.kernels.testing import max_abs_error, max_violation, randn_nonzero,
 from advisor.runtime.causal_sdpa import read_marked_masks
 from advisor.runtime.direct import use_direct_calls
 from advisor.runtime.emit import EmitError, emit
+from advisor.runtime.outside_graph import move_large_outputs
 from advisor.runtime.plan import Plan
 
 
@@ -55,6 +56,7 @@ class RewriteReport:
     increments_batched: int = 0  # input counters (p += c) written by one _foreach_add_
     shape_only_memoized: int = 0  # launches computed from sizes alone, once (graph/shape_only.py)
     causal_sdpa: int = 0  # SDPA nodes that read a kept causal mask as is_causal (causal_sdpa.py)
+    outputs_outside_graph: int = 0  # large outputs computed after a replay, not cloned (outside_graph.py)
     seconds: float = 0.0  # host time of the whole rewrite (part of a first call's cold start)
     confirm_seconds: float = 0.0  # of which confirming sites (their kernels' first compiles too)
 
@@ -336,10 +338,12 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
     memoized = memoize_shape_only(gm) if results else 0
     # SDPA left to torch that reads a kept causal mask: is_causal instead (flash, no mask)
     causal_sdpa = read_marked_masks(gm) if memoized else 0
+    # replayed graphs: the logits' matmul runs after the replay, into memory of its own
+    outside = move_large_outputs(gm) if plan.cuda_graph else 0
     use_direct_calls(gm)
     return RewriteReport(tuple(results), before, _count_launches(gm), tuple(merged), in_place,
-                         repeats, increments, memoized, causal_sdpa, time.perf_counter() - start,
-                         confirming)
+                         repeats, increments, memoized, causal_sdpa, outside,
+                         time.perf_counter() - start, confirming)
 
 
 def _confirm_or_reason(m: Match, config: str) -> float | str:

@@ -1,0 +1,203 @@
+"""Large outputs computed after a CUDA-graph replay into fresh memory, instead of cloned.
+
+A replayed graph writes its outputs into static buffers, so `cudagraph.py` clones each one
+out: a later replay would overwrite what the caller holds. For a prefill's logits that
+copy is as large as a GEMM's worth of traffic: (T, vocab) bf16 at T = 512 and a 128256
+vocabulary is 131 MB written, then read and written again by the clone (~87 µs of an H100
+at 3.0 TB/s; ~350 µs at T = 2048). torch.compile's reduce-overhead mode pays nothing there:
+it hands out its static buffers (and fails a later read of an overwritten one).
+
+Here the matmul producing such an output (with the views after it) is cut out of the
+captured graph. `move_large_outputs(gm)` replaces the chain by one call of a small graph
+module of its own (`outside_graph`). Outside a capture that call just runs the chain.
+While `GraphCache` captures (`Deferred.active`), it records the chain, its inputs (tensors
+the graph keeps writing on every replay) and returns a placeholder of the output's layout
+instead of recording any kernel. After each replay `Deferred.resolve` runs the chain
+eagerly into memory the caller owns: no copy, one launch outside the graph, whose host
+time overlaps the replay's GPU work.
+
+A placeholder must only ever reach the caller. So a capture is redone without cutting
+when one did not come back in the outputs, or when more than one rewritten graph ran in
+it (a graph break: Python or a later graph could have read the placeholder).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils._pytree import tree_flatten, tree_map
+
+from advisor.graph.capture import nbytes
+
+aten = torch.ops.aten
+
+# Outputs of at least this many bytes (at the trace's example length) are computed outside
+# the graph. The clone it saves costs 2·bytes of traffic (2.8 µs for 4 MiB at 3 TB/s),
+# about what an eager launch queued behind a replay costs; below it (a decode step's
+# (1, vocab) logits: 256 KB) the kernel stays in the graph, under PDL with its neighbours.
+MIN_BYTES = 4 << 20
+
+MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+           aten.matmul.default, aten.linear.default}
+# Views that keep storage offset 0 (so a placeholder's layout is size and stride alone).
+VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default,
+         aten.transpose.int, aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim,
+         aten.squeeze.default, aten.alias.default}
+
+
+@dataclass
+class _Cut:
+    """One chain cut out of a capture: its graph module, the graph-owned tensors it reads
+    (rewritten by every replay) and the placeholder handed back in its place."""
+
+    sub: fx.GraphModule
+    inputs: tuple[Any, ...]
+    placeholder: torch.Tensor
+
+
+@dataclass
+class Deferred:
+    """What one CUDA-graph capture left to run after each replay."""
+
+    cuts: list[_Cut] = field(default_factory=list)
+    graphs_entered: int = 0
+
+    @contextmanager
+    def active(self) -> Iterator[Deferred]:
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+    def sound(self, out: Any) -> bool:
+        """Whether every placeholder reached the outputs and nothing else could read one:
+        a single rewritten graph ran, and each placeholder's storage is among `out`'s."""
+        if not self.cuts:
+            return True
+        returned = {t.untyped_storage().data_ptr() for t in tree_flatten(out)[0]
+                    if isinstance(t, torch.Tensor)}
+        return self.graphs_entered == 1 and all(
+            c.placeholder.untyped_storage().data_ptr() in returned for c in self.cuts)
+
+    def resolve(self, out: Any) -> Any:
+        """`out` (the captured outputs, just replayed) with each placeholder, or a view of
+        one, replaced by its chain's fresh result; every other tensor cloned out."""
+        by_ptr = {c.placeholder.untyped_storage().data_ptr(): c for c in self.cuts}
+        fresh: dict[int, torch.Tensor] = {}
+
+        def leaf(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            ptr = t.untyped_storage().data_ptr()
+            cut = by_ptr.get(ptr)
+            if cut is None:
+                return t.clone()
+            if ptr not in fresh:
+                fresh[ptr] = cut.sub(*cut.inputs)  # laid out as the placeholder
+            f = fresh[ptr]
+            if (t.size(), t.stride(), t.storage_offset()) == (f.size(), f.stride(), f.storage_offset()):
+                return f
+            return f.as_strided(t.size(), t.stride(), t.storage_offset())
+
+        return tree_map(leaf, out)
+
+
+_ACTIVE: ContextVar[Deferred | None] = ContextVar("advisor_outside_graph", default=None)
+
+
+def entered(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """`forward` (a rewritten graph's) counting its runs inside an active capture."""
+
+    def call(*args: Any) -> Any:
+        active = _ACTIVE.get()
+        if active is not None:
+            active.graphs_entered += 1
+        return forward(*args)
+
+    return call
+
+
+def _meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="meta")
+    return x
+
+
+def outside_graph(sub: fx.GraphModule) -> Callable[..., Any]:
+    """The call replacing a cut chain: runs it, or inside a capture records it (above)."""
+
+    def call(*inputs: Any) -> Any:
+        active = _ACTIVE.get()
+        if active is None:
+            return sub(*inputs)
+        like = sub(*[_meta(x) for x in inputs])  # the output's layout, no kernel
+        device = next(x.device for x in inputs if isinstance(x, torch.Tensor))
+        placeholder = torch.empty_strided(like.size(), like.stride(), dtype=like.dtype, device=device)
+        active.cuts.append(_Cut(sub, inputs, placeholder))
+        return placeholder
+
+    call.__name__ = "advisor_outside_graph"
+    return call
+
+
+def _chain(out: fx.Node, output_node: fx.Node) -> list[fx.Node] | None:
+    """[matmul, views...] ending at graph output `out`, each node used only by the next
+    (the last only by the output node); None when `out` is not such a chain."""
+    chain, node, user = [], out, output_node
+    while True:
+        if node.op != "call_function" or set(node.users) != {user}:
+            return None
+        chain.append(node)
+        if node.target in MATMULS:
+            return chain[::-1]
+        if node.target not in VIEWS or not isinstance(node.args[0], fx.Node):
+            return None
+        node, user = node.args[0], node
+
+
+def _extract(chain: list[fx.Node]) -> tuple[fx.GraphModule, list[fx.Node]]:
+    """The chain as a graph module of its own; returns it and the outer nodes it reads."""
+    graph, env, outer = fx.Graph(), {}, []
+
+    def arg(a: fx.Node) -> fx.Node:
+        if a not in env:
+            outer.append(a)
+            env[a] = graph.placeholder(f"in_{len(outer)}")
+        return env[a]
+
+    for node in chain:
+        env[node] = graph.node_copy(node, arg)
+    graph.output(env[chain[-1]])
+    return fx.GraphModule(torch.nn.Module(), graph), outer
+
+
+def move_large_outputs(gm: fx.GraphModule, min_bytes: int | None = None) -> int:
+    """Cut every graph output made by a matmul (+ views) of >= min_bytes out of CUDA-graph
+    captures (see the module docstring); returns how many. Rewrites `gm` in place."""
+    min_bytes = MIN_BYTES if min_bytes is None else min_bytes
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = [a for a in tree_flatten(output_node.args)[0] if isinstance(a, fx.Node)]
+    moved = 0
+    for out in dict.fromkeys(outs):
+        chain = _chain(out, output_node)
+        if chain is None or nbytes(chain[0]) < min_bytes:
+            continue
+        sub, outer = _extract(chain)
+        with gm.graph.inserting_before(out):
+            call = gm.graph.call_function(outside_graph(sub), tuple(outer))
+        call.meta.update(out.meta)
+        out.replace_all_uses_with(call)
+        for node in reversed(chain):
+            gm.graph.erase_node(node)
+        moved += 1
+    if moved:
+        gm.graph.lint()
+        gm.recompile()
+    return moved

@@ -1,0 +1,145 @@
+"""Large outputs computed after a CUDA-graph replay (runtime/outside_graph.py).
+
+Without a GPU the capture is simulated: the forward runs inside `Deferred.active()`, as
+`GraphCache` captures it, and `resolve` stands for what follows each replay. The CUDA test
+at the end captures and replays for real."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import fx
+
+from advisor.runtime import apply as apply_mod
+from advisor.runtime import outside_graph as og
+from advisor.runtime.plan import Plan
+from tests.hf_models import ids, tiny_hf
+
+
+def _graphs(monkeypatch) -> list:
+    grabbed = []
+    rewrite = apply_mod.rewrite
+    monkeypatch.setattr(apply_mod, "rewrite", lambda gm, *a, **k: grabbed.append(gm) or rewrite(gm, *a, **k))
+    return grabbed
+
+
+def _cut_calls(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if getattr(n.target, "__name__", "") == "advisor_outside_graph"]
+
+
+@pytest.fixture
+def small_outputs(monkeypatch):
+    monkeypatch.setattr(og, "MIN_BYTES", 1)  # the tiny models' logits are a few KB
+
+
+def test_the_logits_matmul_is_cut_and_runs_inline_without_a_capture(monkeypatch, small_outputs):
+    model = tiny_hf("Llama")
+    graphs = _graphs(monkeypatch)
+    fast = apply_mod.apply(model, Plan(fusions=("rms_norm",), cuda_graph=True))
+    x = ids(7)
+    torch.testing.assert_close(fast(**x).logits, model(**x).logits, rtol=1e-4, atol=1e-4)
+    assert [len(_cut_calls(gm)) for gm in graphs] == [1]
+    assert not any(n.target in og.MATMULS for n in graphs[0].graph.find_nodes(op="output")[0].all_input_nodes)
+    (row,) = [r for r in fast.summary() if r["family"] == "(all)"]
+    assert row["outputs_outside_graph"] == 1
+
+
+def test_a_capture_gets_a_placeholder_and_each_replay_a_fresh_result(small_outputs):
+    model = tiny_hf("Qwen2")
+    fast = apply_mod.apply(model, Plan(fusions=("rms_norm",), cuda_graph=True))
+    x = ids(6)
+    fast(**x)  # trace, as GraphCache's warm-up does
+    deferred = og.Deferred()
+    with deferred.active():
+        out = fast(**x)
+    assert len(deferred.cuts) == 1 and deferred.graphs_entered == 1 and deferred.sound(out)
+    assert out.logits.untyped_storage().data_ptr() == deferred.cuts[0].placeholder.untyped_storage().data_ptr()
+    first = deferred.resolve(out).logits
+    torch.testing.assert_close(first, model(**x).logits, rtol=1e-4, atol=1e-4)
+    # a replay rewrites the graph's own tensors in place; the cut reads them anew
+    (cut,) = deferred.cuts
+    hidden = next(t for t in cut.inputs if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] == 64)
+    kept = first.clone()
+    hidden.mul_(2)
+    second = deferred.resolve(out).logits
+    assert second.data_ptr() != first.data_ptr()  # memory of its own: the caller's
+    torch.testing.assert_close(first, kept)  # what the caller held is untouched
+    torch.testing.assert_close(second, 2 * first, rtol=1e-4, atol=1e-4)  # linear in hidden
+
+
+def test_views_of_a_placeholder_map_onto_the_fresh_result():
+    sub = fx.symbolic_trace(lambda a, b: torch.ops.aten.mm.default(a, b))
+    a, b = torch.randn(4, 3), torch.randn(3, 5)
+    deferred = og.Deferred()
+    with deferred.active():
+        placeholder = og.outside_graph(sub)(a, b)
+    deferred.graphs_entered = 1
+    out = {"full": placeholder, "last": placeholder[-1], "t": placeholder.t(), "other": torch.ones(2)}
+    assert deferred.sound(out)
+    got = deferred.resolve(out)
+    torch.testing.assert_close(got["full"], a @ b)
+    torch.testing.assert_close(got["last"], (a @ b)[-1])
+    torch.testing.assert_close(got["t"], (a @ b).t())
+    assert got["other"].data_ptr() != out["other"].data_ptr()  # every other output cloned
+
+
+def test_a_placeholder_that_does_not_come_back_or_a_graph_break_is_unsound():
+    sub = fx.symbolic_trace(lambda a, b: torch.ops.aten.mm.default(a, b))
+    a, b = torch.randn(4, 3), torch.randn(3, 5)
+    deferred = og.Deferred()
+    with deferred.active():
+        placeholder = og.outside_graph(sub)(a, b)
+    deferred.graphs_entered = 1
+    assert not deferred.sound((placeholder.sum(),))  # read inside: never resolved
+    assert deferred.sound((placeholder,))
+    deferred.graphs_entered = 2  # a graph break: the second graph could have read it
+    assert not deferred.sound((placeholder,))
+    assert og.Deferred().sound((torch.ones(1),))  # nothing cut: always sound
+
+
+def test_only_a_matmul_chain_used_by_the_output_alone_and_large_is_cut():
+    def build(logits_too_small: bool, reuse: bool) -> fx.GraphModule:
+        g = fx.Graph()
+        h, w = g.placeholder("h"), g.placeholder("w")
+        wt = g.call_function(torch.ops.aten.t.default, (w,))
+        mm = g.call_function(torch.ops.aten.mm.default, (h, wt))
+        out = g.call_function(torch.ops.aten.view.default, (mm, [1, 4, 6]))
+        outs = [out]
+        if reuse:
+            outs.append(g.call_function(torch.ops.aten.relu.default, (mm,)))
+        g.output(tuple(outs))
+        gm = fx.GraphModule(torch.nn.Module(), g)
+        numel = 1 if logits_too_small else 24
+        for node in gm.graph.nodes:
+            node.meta["val"] = torch.empty(numel)
+        return gm
+
+    assert og.move_large_outputs(build(False, False), min_bytes=64) == 1
+    assert og.move_large_outputs(build(True, False), min_bytes=64) == 0  # under the size
+    assert og.move_large_outputs(build(False, True), min_bytes=64) == 0  # mm read twice
+    gm = build(False, False)
+    og.move_large_outputs(gm, min_bytes=64)
+    h, w = torch.randn(4, 5), torch.randn(6, 5)
+    torch.testing.assert_close(gm(h, w)[0], (h @ w.t()).view(1, 4, 6))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_replayed_logits_belong_to_the_caller_on_cuda(small_outputs):
+    model = tiny_hf("Llama").cuda()
+    fast = apply_mod.apply(model, Plan(fusions=("rms_norm",), cuda_graph=True))
+    x = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in ids(9).items()}
+    y = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in ids(9, seed=5).items()}
+    first = fast(**x).logits  # trace + capture + the first replay
+    kept = first.clone()
+    second = fast(**y).logits  # a replay
+    third = fast(**x).logits
+    torch.testing.assert_close(first, kept)  # not overwritten by the later replays
+    torch.testing.assert_close(first, model(**x).logits, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(second, model(**y).logits, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(third, first, rtol=1e-3, atol=1e-3)
+    assert len({first.data_ptr(), second.data_ptr(), third.data_ptr()}) == 3
+    (row,) = [r for r in fast.summary() if r["family"] == "(all)"]
+    assert row["outputs_outside_graph"] == 1 and row["cuda_graphs"] == 1
+    state = next(iter(fast.buckets.values()))
+    (captured,) = state.graphs.graphs.values()
+    assert len(captured.deferred.cuts) == 1  # sound: the capture kept its cut
