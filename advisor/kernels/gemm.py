@@ -12,11 +12,14 @@ as in nn.Linear; bytes for element size e, bf16 figures at Llama-3-8B sizes:
                  Eager HF MLP (gate GEMM, up GEMM, act, mul) moves 2MK + 2NK + 7MN elements,
                  fused MK + 2NK + MN: saves (M·K + 6·M·N)·e = 176 KB/token, 4 -> 1 launches.
   gemm_rmsnorm   rmsnorm(x)·Wᵀ = (x·diag(g)·Wᵀ)·r with g = norm_w + offset and
-                 r = rsqrt(mean(x²)+eps): a pre-pass writes r (M fp32), the GEMM scales x
-                 tiles by g along K and output rows by r; x̂ is never written. vs advisor
-                 rms_norm + GEMM: saves 2·M·K·e (x̂ write + read) - M·K·e (pre-pass read)
-                 = M·K·e; vs eager RMSNorm (36 B/elt, norm.py) + GEMM: 38 -> 4 B per x
-                 element; 9 -> 2 launches.
+                 r = rsqrt(mean(x²)+eps). Up to NORM_IN_GEMM_MAX_M rows: a pre-pass
+                 writes r (M fp32), the GEMM scales x tiles by g along K and output rows
+                 by r; x̂ is never written. vs advisor rms_norm + GEMM: saves
+                 2·M·K·e (x̂ write + read) - M·K·e (pre-pass read) = M·K·e; vs eager
+                 RMSNorm (36 B/elt, norm.py) + GEMM: 38 -> 4 B per x element; 9 -> 2
+                 launches. More rows: the pre-pass writes x·g too (rounded as the prologue
+                 rounds it) and the GEMM reads it as a plain A operand (scaling A tiles in
+                 the pipelined loop cost more than those bytes).
 
 Rounding: fp32 until ONE cast to x.dtype at the end (eager rounds x·Wᵀ+b, the act and the
 residual sum separately; the gap is within bf16 tolerance). gemm_rmsnorm rounds x·g to
@@ -226,7 +229,8 @@ def _gemm_kernel(
     weight_offset,  # g + weight_offset multiplies x along K (gemm_rmsnorm)
     ACT: tl.constexpr,  # activation code (-1 none, else gated_act.ACTIVATIONS)
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    PRE_SCALE: tl.constexpr,  # gemm_rmsnorm: x·diag(g) in the prologue, ·r in the epilogue
+    PRE_SCALE: tl.constexpr,  # gemm_rmsnorm, up to NORM_IN_GEMM_MAX_M rows: x·diag(g) per A tile
+    ROW_SCALE: tl.constexpr,  # gemm_rmsnorm: output rows ·r in the epilogue
     GATED: tl.constexpr,  # gemm_swiglu: second accumulator over W rows [N, 2N)
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K masks
     EMULATE: tl.constexpr,  # interpreter + bf16: fp32 dot, RN rounding in integer ops
@@ -276,19 +280,20 @@ def _gemm_kernel(
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
     _finish(acc, up, rows, cols, M, N, B, R, RS, Y, P, stride_rm, stride_ym, stride_ps, stride_pu,
-            ACT, HAS_BIAS, HAS_RESIDUAL, PRE_SCALE, GATED, SPLIT_K)
+            ACT, HAS_BIAS, HAS_RESIDUAL, ROW_SCALE, GATED, SPLIT_K)
 
 
 @triton.jit
 def _gemm_tma_kernel(
     XD, WD,  # tensor descriptors: x (M, K) in (BM, BK) blocks; W (N_w, K) in (BN, BK) blocks
-    G, B, R, RS, Y,  # as in _gemm_kernel
-    M, N, K, stride_rm, stride_ym, weight_offset,
+    B, R, RS, Y,  # as in _gemm_kernel
+    M, N, K, stride_rm, stride_ym,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    PRE_SCALE: tl.constexpr, GATED: tl.constexpr, EMULATE: tl.constexpr, PRECISION: tl.constexpr,
+    ROW_SCALE: tl.constexpr, GATED: tl.constexpr, EMULATE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """`_gemm_kernel` (SPLIT_K = 1) with x and W tiles fetched by the tensor memory
+    """`_gemm_kernel` (SPLIT_K = 1, no PRE_SCALE: more rows than NORM_IN_GEMM_MAX_M) with
+    x and W tiles fetched by the tensor memory
     accelerator (Hopper's TMA): one bulk copy per tile into shared memory, which the
     pipelined loop overlaps with the tensor-core work, instead of per-thread address
     arithmetic and cp.async. A tile past M, N or K reads zeros (the descriptor's bounds),
@@ -302,13 +307,6 @@ def _gemm_tma_kernel(
     for k in range(0, K, BLOCK_K):
         a = XD.load([pid_m * BLOCK_M, k])  # (BM, BK)
         b = WD.load([pid_n * BLOCK_N, k])  # (BN, BK): rows of W
-        if PRE_SCALE:
-            kk = k + tl.arange(0, BLOCK_K)
-            g = tl.load(G + kk, mask=kk < K, other=0.0).to(tl.float32) + weight_offset
-            if EMULATE:
-                a = _round_like(a.to(tl.float32) * g[None, :], a)
-            else:
-                a = (a.to(tl.float32) * g[None, :]).to(a.dtype)
         if EMULATE:  # the 3.9 interpreter's dot multiplies bf16 bit patterns (triton#11584)
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -319,7 +317,7 @@ def _gemm_tma_kernel(
                 bu = bu.to(tl.float32)
             up = tl.dot(a, bu.T, up, input_precision=PRECISION)
     _finish(acc, up, rows, cols, M, N, B, R, RS, Y, Y, stride_rm, stride_ym, 0, 0,
-            ACT, HAS_BIAS, HAS_RESIDUAL, PRE_SCALE, GATED, 1)
+            ACT, HAS_BIAS, HAS_RESIDUAL, ROW_SCALE, GATED, 1)
 
 
 @triton.jit
@@ -474,8 +472,11 @@ def _splitk_epilogue_kernel(
 
 
 @triton.jit
-def _row_rstd_kernel(X, RS, K, stride_xm, stride_xk, eps, BLOCK_K: tl.constexpr):
-    """RS[row] = rsqrt(mean(x[row]²) + eps) in fp32; one program per row of x (M, K)."""
+def _row_rstd_kernel(X, RS, G, XG, K, stride_xm, stride_xk, eps, weight_offset,
+                     SCALED: tl.constexpr, EMULATE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """RS[row] = rsqrt(mean(x[row]²) + eps) in fp32; one program per row of x (M, K).
+    SCALED: also XG[row] = x[row]·(g + weight_offset) rounded to x's dtype (XG (M, K)
+    contiguous): what the GEMM's prologue computes per A tile, written once instead."""
     row = tl.program_id(0).to(tl.int64)
     sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
@@ -483,11 +484,28 @@ def _row_rstd_kernel(X, RS, K, stride_xm, stride_xk, eps, BLOCK_K: tl.constexpr)
         v = tl.load(X + row * stride_xm + kk * stride_xk, mask=kk < K, other=0.0)
         sq += v.to(tl.float32) * v.to(tl.float32)
     tl.store(RS + row, tl.rsqrt(tl.sum(sq, axis=0) / K + eps))
+    if SCALED:  # the row is in L1/L2 from the pass above
+        for k in range(0, K, BLOCK_K):
+            kk = k + tl.arange(0, BLOCK_K)
+            v = tl.load(X + row * stride_xm + kk * stride_xk, mask=kk < K, other=0.0)
+            g = tl.load(G + kk, mask=kk < K, other=0.0).to(tl.float32) + weight_offset
+            if EMULATE:
+                xg = _round_like(v.to(tl.float32) * g, v)
+            else:
+                xg = (v.to(tl.float32) * g).to(v.dtype)
+            tl.store(XG + row * K + kk, xg.to(XG.dtype.element_ty), mask=kk < K)
 
 
 # ----------------------------------------------------------------------------- config space
 
 SMEM_BUDGET = 200 * 1024  # bytes of pipelined operand tiles (H100/H200 allow 227 KB/block)
+# Above this many rows gemm_rmsnorm's tensor-core path writes x·g in its row-scale
+# pre-pass (M·K·e written and read back, 16 MB at 2048 tokens, ~11 µs on an H100) instead
+# of scaling each A tile by the norm weight inside the GEMM: that takes the tile through
+# registers in every K step and stalls the pipelined loop. H100, session 16
+# (norm -> gate/up + SwiGLU, 4096 -> 2 x 14336): in-GEMM 395 / 1571 µs at 512 / 2048 rows
+# against 219 / 903 for the same GEMM without the norm (best TMA tiles).
+NORM_IN_GEMM_MAX_M = 16
 FILL_PROGRAMS = 256  # split K until tiles·SPLIT_K reach this (~2 programs per SM on 100+ SMs)
 
 
@@ -717,25 +735,29 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
     if u2 is not None:  # tensor cores want x in shared memory: the product first
         x2 = launch_gated_act(x2, u2, x_act)
     g, rs, offset = y, y, 0.0  # placeholders for pointers a flag leaves unused
+    emulate = interpreting() and x.dtype == torch.bfloat16
+    pre_scale = norm is not None and m <= NORM_IN_GEMM_MAX_M  # x·g per A tile in the GEMM
     if norm is not None:
         g, eps, offset = norm[0].contiguous(), float(norm[1]), float(norm[2])
         rs = torch.empty(m, dtype=torch.float32, device=x.device)  # (M,) row scales
-        _row_rstd_kernel[(m,)](x2, rs, k, x2.stride(0), x2.stride(1), eps,
+        xg = x2 if pre_scale else torch.empty((m, k), dtype=x2.dtype, device=x.device)
+        _row_rstd_kernel[(m,)](x2, rs, g, xg, k, x2.stride(0), x2.stride(1), eps, offset,
+                               SCALED=not pre_scale, EMULATE=emulate,
                                BLOCK_K=min(4096, _pow2(k)), num_warps=4)
-    emulate = interpreting() and x.dtype == torch.bfloat16
+        x2 = xg  # (M, K): x·g, rounded as the prologue rounds it
     precision = "ieee" if emulate or x.dtype == torch.float32 else "tf32"
     tiles = {key: v for key, v in cfg.items() if key != "TMA"}
-    if cfg.get("TMA", 0) and split == 1 and tma_ok(x2, w):
+    if cfg.get("TMA", 0) and split == 1 and not pre_scale and tma_ok(x2, w):
         del tiles["SPLIT_K"]
         compiled = _gemm_tma_kernel[(_tiles(cfg, problem),)](
             _descriptor(x2, cfg["BLOCK_M"], cfg["BLOCK_K"]), _descriptor(w, cfg["BLOCK_N"], cfg["BLOCK_K"]),
-            g, b, r2, rs, y, m, n, k, r2.stride(0), y.stride(0), offset, PRE_SCALE=norm is not None,
-            EMULATE=emulate, PRECISION=precision, **flags, **tiles)
+            b, r2, rs, y, m, n, k, r2.stride(0), y.stride(0),
+            ROW_SCALE=norm is not None, EMULATE=emulate, PRECISION=precision, **flags, **tiles)
         return y.view(*x.shape[:-1], n), compiled
     compiled = _gemm_kernel[(_tiles(cfg, problem), split)](
         x2, w, g, b, r2, rs, y, partials, m, n, k, x2.stride(0), x2.stride(1), w.stride(0),
         w.stride(1), r2.stride(0), y.stride(0), p_strides[0], p_strides[1], offset,
-        PRE_SCALE=norm is not None,
+        PRE_SCALE=pre_scale, ROW_SCALE=norm is not None,
         EVEN_K=k % cfg["BLOCK_K"] == 0, EMULATE=emulate, PRECISION=precision, **flags, **tiles)
     if split > 1:
         grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))

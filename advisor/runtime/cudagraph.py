@@ -146,6 +146,10 @@ class GraphCache:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         flat, spec = tree_flatten((args, kwargs))
+        if not any(isinstance(x, torch.Tensor) and x.is_cuda for x in flat):
+            # a model on the CPU (on a machine with a GPU): a capture would record nothing
+            # and every replay would hand back the capture's outputs
+            return self.fn(*args, **kwargs)
         key = _flat_key(flat, spec)
         if key in self.failed:
             return self.fn(*args, **kwargs)
