@@ -648,14 +648,25 @@ def keep(cfg: Config, problem: Problem) -> bool:
 
 def default(problem: Problem) -> Config:
     """M <= GEMV_MAX_M: the GEMV path; M <= 16: 16x64 tiles, the deepest K, split until
-    ~FILL_PROGRAMS programs; small M:
-    tiles as tall as M (<= 64); large M: 128x128 (x64 when gated), 8 warps, 3 stages."""
+    ~FILL_PROGRAMS programs; small M: tiles as tall as M (<= 64); large M: 128x128 (x64
+    when gated), 8 warps, 3 stages, or for 16-bit inputs the TMA tiles below."""
     m, nacc = problem["M"], 1 + int(problem.get("gated", 0))
     if m <= GEMV_MAX_M:
         return _gemv_default(problem)
     menu = _menu(problem)
     cfg = {"BLOCK_M": 128, "BLOCK_N": 128 // nacc, "BLOCK_K": menu["BLOCK_K"][-1],
            "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "SPLIT_K": 1, "TMA": 0}
+    if m > 128 and _elt(problem) == 2:
+        # H100 sweep (session 16, results/h100-s16C-kernels-gemm-tma.json, µs at 512 / 2048
+        # rows, Llama-3-8B widths): TMA 128x{128,256}x64 tiles beat pointer loads by 10-25%
+        # and cuBLAS + ops at both: o_proj + residual 29.7 / 105.8 (cuBLAS + add 30.7 /
+        # 111.5), gate/up + SwiGLU 207.0 / 706.5 (218.6 / 795.6). 256-wide tiles only with
+        # >= 96 of them (o_proj at 512 rows has 64: 43.3 against 29.7 at 128-wide; QKV has
+        # 96: 49.7 against 54.6).
+        wide = not (nacc - 1) and triton.cdiv(m, 128) * triton.cdiv(problem["N"], 256) >= 96
+        cfg.update(TMA=1, BLOCK_K=64, BLOCK_N=256 if wide else 128,
+                   num_warps=8 if wide or nacc == 2 else 4,
+                   num_stages=3 if wide or (nacc == 2 and m >= 1024) else 4)
     if m <= 128:
         cfg.update(BLOCK_M=min(64, max(16, _pow2(m))), BLOCK_N=64 if m <= 16 else cfg["BLOCK_N"],
                    num_warps=4, num_stages=4)
