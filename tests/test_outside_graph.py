@@ -138,7 +138,9 @@ def test_only_a_matmul_chain_used_by_the_output_alone_and_large_is_cut():
 def test_replayed_logits_belong_to_the_caller_on_cuda(small_outputs, dtype):
     with torch.device("cuda"):  # built there: .cuda() leaves plain tensor attributes on the
         model = tiny_hf("Llama", dtype)  # CPU, whose copies in the forward cannot be captured
-    fast = apply_mod.apply(model, Plan(fusions=("rms_norm",), cuda_graph=True))
+    # No Triton fusions: the tests run Triton in the interpreter (conftest), which copies
+    # through the host, and a capture refuses that. The cut is of torch's own matmul.
+    fast = apply_mod.apply(model, Plan(fusions=(), cuda_graph=True))
     x = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in ids(9).items()}
     y = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in ids(9, seed=5).items()}
     first = fast(**x).logits  # trace + capture + the first replay
