@@ -55,11 +55,13 @@ HEADS = {"batch": 1, "hq": 32, "hkv": 8, "d": 128}  # Llama-3-8B
 
 
 def parse(name: str) -> dict[str, int]:
-    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", name)
+    """`128x64w8s3` (pointer loads) or `128x64w8s3t` (k, v by TMA descriptor)."""
+    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)(t?)", name)
     if not m:
-        raise SystemExit(f"bad config {name!r}: want BLOCK_MxBLOCK_NwWARPSsSTAGES, e.g. 128x64w8s3")
-    bm, bn, w, s = (int(g) for g in m.groups())
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s, "SPLITS": 1}
+        raise SystemExit(f"bad config {name!r}: want BLOCK_MxBLOCK_NwWARPSsSTAGES[t], e.g. 128x64w8s3t")
+    bm, bn, w, s = (int(g) for g in m.groups()[:4])
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s, "SPLITS": 1,
+            "TMA": int(m.group(5) == "t")}
 
 
 def inputs(tq: int, tk: int, causal: bool):
@@ -218,7 +220,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", default="512,2048,8192")
     ap.add_argument("--configs", default=",".join(CONFIGS),
-                    help="comma list of BLOCK_MxBLOCK_NwWARPSsSTAGES, or 'none'")
+                    help="comma list of BLOCK_MxBLOCK_NwWARPSsSTAGES[t] (t: TMA), or 'none'")
     ap.add_argument("--no-check", action="store_true", help="time only")
     ap.add_argument("--rep", type=int, default=100, help="ms of replays per timing")
     args = ap.parse_args()

@@ -349,7 +349,8 @@ def test_space():
                           for h, t in ((dims["hq"], dims["tq"]), (dims["hkv"], dims["tk"]))]
                 p = attn.problem(inputs[0], inputs[1], inputs[1])
                 cfgs = spec.space.configs(p)
-                assert 1 <= len(cfgs) <= 64 and spec.space.default(p) in cfgs, (name, tokens, d)
+                # <= 128: the prefill tiles twice over (TMA 0/1)
+                assert 1 <= len(cfgs) <= 128 and spec.space.default(p) in cfgs, (name, tokens, d)
                 assert all(c["SPLITS"] == 1 for c in cfgs) or dims["tq"] <= attn.DECODE_MAX_TQ
                 assert all(attn._smem(c, p) <= attn.SMEM_MAX for c in cfgs)
                 assert attn._smem(spec.space.default(p), p) <= attn.SMEM_LIMIT
@@ -377,3 +378,61 @@ def test_registry(name):
     q, k = torch.empty(1, 2, 4, 8), torch.empty(1, 1, 4, 8)
     assert attn.flops(q, k, causal=True) == 4 * 2 * 8 * 10
     assert attn.flops(q, k) == 4 * 2 * 8 * 16
+
+
+def _count_tma(monkeypatch) -> list:
+    """The TMA flag of every prefill launch of `_attn_kernel`."""
+    flags, kernel = [], attn._attn_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                flags.append(meta["TMA"])
+                return kernel[grid](*args, **meta)
+            return launch
+
+    monkeypatch.setattr(attn, "_attn_kernel", Spy())
+    return flags
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b, hq, hkv, tq, tk, d, causal, masked", [
+    (2, 4, 2, 19, 19, 32, True, False),   # GQA, causal, ragged last key block
+    (1, 2, 1, 21, 30, 16, False, True),   # Tq < Tk, additive mask
+    (2, 4, 2, 40, 40, 64, True, True),    # both, two key blocks
+])
+def test_tma_loads_of_k_and_v(monkeypatch, dtype, b, hq, hkv, tq, tk, d, causal, masked):
+    """TMA=1: k, v tiles by descriptor over HF's transposed (B, T, H, D) views; keys past Tk
+    read zeros, which the key bound masks."""
+    flags = _count_tma(monkeypatch)
+    q, k, v = _qkv(b, hq, hkv, tq, tk, d, dtype, _gen(3))
+    mask = None
+    if masked:
+        mask = torch.zeros(b, 1, tq, tk, dtype=dtype)
+        mask[..., :3] = float("-inf")
+    p = attn.problem(q, k, v, None, None, mask, causal)
+    cfg = {**attn.SPACE.default(p), "TMA": 1}
+    assert attn.SPACE.keep(cfg, p)
+    _check(q, k, v, mask=mask, causal=causal, config=cfg)
+    assert flags == [True]
+
+
+def test_tma_only_for_prefill_without_rope_on_load(monkeypatch):
+    def problem(**over):
+        return {"dtype": "torch.bfloat16", "batch": 1, "hq": 32, "hkv": 8, "tq": 2048,
+                "tk": 2048, "d": 128, "causal": 1, "rope": 0, "mask": 0, "pos": 0, **over}
+
+    def tma_kept(p):
+        return any(c["TMA"] for c in attn.SPACE.configs(p))
+
+    assert tma_kept(problem()) and tma_kept(problem(rope=1))  # rope: rotated once at 2048
+    assert not tma_kept(problem(tq=128, tk=128, rope=1))  # RoPE on load reads k's partner
+    assert not tma_kept(problem(tq=1))  # decode: packed heads, split keys
+    assert attn.SPACE.well_formed({k: v for k, v in attn.SPACE.default(problem()).items()
+                                   if k != "TMA"})["TMA"] == 0  # stored before the axis
+    flags = _count_tma(monkeypatch)  # k with a non-unit last stride: pointer loads
+    q, k, v = _qkv(1, 2, 1, 20, 20, 16, torch.float32, _gen(4))
+    k2 = torch.cat([k, k], -1)[..., ::2]
+    p = attn.problem(q, k2, v, causal=True)
+    _check(q, k2, v, causal=True, config={**attn.SPACE.default(p), "TMA": 1})
+    assert flags == [False]

@@ -13,6 +13,7 @@ import triton
 
 from advisor.errors import KernelInputError
 from advisor.kernels import gemm
+from advisor.kernels._triton import tma_ok
 from advisor.kernels.registry import get
 from advisor.kernels.space import encode
 from advisor.kernels.testing import assert_close, randn_nonzero
@@ -405,7 +406,7 @@ def test_tma_path_every_op(monkeypatch, dtype, m, k, n):
     assert gemm.SPACE.keep(cfg, {"M": m, "N": n, "K": k, "dtype": str(dtype), "gated": 0})
     x, w = _xw(m, k, n, dtype)
     b, r = _rand((n,), dtype, 3), _rand((m, n), dtype, 4)
-    assert gemm.tma_ok(x, w)
+    assert tma_ok(x, w)
     assert_close(gemm.launch_gemm_epilogue(x, w, b, r, "gelu_tanh", cfg),
                  gemm.reference(x, w, b, r, "gelu_tanh"))
     x2, w_gu = _xw(m, k, 2 * n, dtype, seed=3)
@@ -435,7 +436,7 @@ def test_tma_falls_back_to_pointer_loads_where_descriptors_cannot_read(monkeypat
     x_wide, w = _rand((m, 2 * k), torch.float16, 0), _rand((n, k), torch.float16, 1, k ** -0.5)
     x = x_wide[:, ::2]  # strided columns: no descriptor
     ragged = _rand((m, k + 1), torch.float16, 2)[:, :k]  # rows 82 bytes apart: not 16-aligned
-    assert not gemm.tma_ok(x, w) and not gemm.tma_ok(ragged, w) and gemm.tma_ok(x.contiguous(), w)
+    assert not tma_ok(x, w) and not tma_ok(ragged, w) and tma_ok(x.contiguous(), w)
     cfg = _cfg(m, n, k, torch.float16, TMA=1)
     assert gemm.SPACE.keep(cfg, {"M": m, "N": n, "K": k, "dtype": "torch.float16", "gated": 0})
     launches = _count_tma_launches(monkeypatch)

@@ -77,6 +77,24 @@ def test_a_model_on_the_cpu_is_never_captured():
     assert not cache.graphs and not cache.failures and not cache.failed
 
 
+def test_our_fused_lm_head_is_cut_too(monkeypatch, small_outputs):
+    """The final norm fused into lm_head (`add_rms_norm_linear`: our kernel, no matmul) makes
+    the logits; its layout comes from the op's fake implementation on the meta device."""
+    model = tiny_hf("Llama")
+    graphs = _graphs(monkeypatch)
+    fast = apply_mod.apply(model, Plan(fusions=("add_rms_norm_linear",), cuda_graph=True))
+    x = ids(18)  # 36 rows: the tensor-core path (pre-pass) in the interpreter
+    fast(**x)
+    (call,) = _cut_calls(graphs[0])
+    sub = call.target.__closure__[0].cell_contents
+    assert any(getattr(n.target, "namespace", "") == "advisor" for n in sub.graph.nodes)
+    deferred = og.Deferred()
+    with deferred.active():
+        out = fast(**x)
+    assert len(deferred.cuts) == 1 and deferred.sound(out)
+    torch.testing.assert_close(deferred.resolve(out).logits, model(**x).logits, rtol=1e-4, atol=1e-4)
+
+
 def test_views_of_a_placeholder_map_onto_the_fresh_result():
     sub = fx.symbolic_trace(lambda a, b: torch.ops.aten.mm.default(a, b))
     a, b = torch.randn(4, 3), torch.randn(3, 5)

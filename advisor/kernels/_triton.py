@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import importlib.util
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -124,6 +125,31 @@ def pdl_launch(t: torch.Tensor) -> dict[str, Any]:
     device `pdl_supported`)."""
     on = _PDL.get() and pdl_supported(t.device)
     return {"GDC": True, "launch_pdl": True} if on else {"GDC": False}
+
+
+_HAS_DESCRIPTORS = importlib.util.find_spec("triton.tools.tensor_descriptor") is not None
+
+
+def tma_ok(*tensors: torch.Tensor) -> bool:
+    """Whether these tensors can be read through TMA descriptors (Hopper's tensor memory
+    accelerator, `descriptor`): triton >= 3.3, a GPU of compute capability 9.0+ (or the
+    interpreter), unit last stride, a 16-byte aligned base and 16-byte multiples for every
+    other stride."""
+    t = tensors[0]
+    if not _HAS_DESCRIPTORS or not interpreting() and not (
+            t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9):
+        return False
+    return all(u.stride(-1) == 1 and u.data_ptr() % 16 == 0
+               and all((st * u.element_size()) % 16 == 0 for st in u.stride()[:-1])
+               for u in tensors)
+
+
+def descriptor(t: torch.Tensor, block_shape: list[int]) -> Any:
+    """A host-side TMA descriptor of `t` (checked by `tma_ok`) loading `block_shape`
+    blocks; a block past `t`'s bounds reads zeros there."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, block_shape)
 
 
 @triton.jit

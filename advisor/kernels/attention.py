@@ -48,10 +48,12 @@ from advisor.kernels._triton import (
     cast_rn,
     check,
     check_float,
+    descriptor,
     gdc_enter,
     interpreting,
     pdl_launch,
     resources,
+    tma_ok,
     triton_can_run,
 )
 from advisor.kernels.masks import reads_as_causal
@@ -216,19 +218,21 @@ def _dot(a, b, acc, INTERP_BF16: tl.constexpr):
 
 
 @triton.jit
-def _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, mask_base, mask_rows, i, row_ok,
-            pos_i, lo, hi, off, qk_scale, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j, D, R: tl.constexpr,
-            CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_POS: tl.constexpr,
+def _attend(acc, l_i, m_i, q, k_base, v_base, KD, VD, kd_b, kd_h, cos, sin, mask_base, mask_rows,
+            i, row_ok, pos_i, lo, hi, off, qk_scale, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j, D,
+            R: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_POS: tl.constexpr,
             INTERLEAVED: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr,
-            EVEN_D: tl.constexpr, INTERP_BF16: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_D: tl.constexpr):
+            EVEN_D: tl.constexpr, INTERP_BF16: tl.constexpr, TMA: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Online-softmax update over keys [lo, hi) in BLOCK_N steps, m in the log2 domain
     (scores · qk_scale, qk_scale = scale · log2 e; p = 2^(s − m)). MASKED: apply the key
     bound (hi), the causal diagonal and each row's position bound (pos_i, (BLOCK_M,));
     unmasked calls cover whole blocks every row sees, so their k/v loads need no mask
     (none at all when EVEN_D). FAST (an unmasked call without an additive mask, qk_scale
     >= 0): every score is finite, so no -inf guard, and the row max is taken before
-    scaling (max(s)·c = max(s·c) for c >= 0), leaving one FMA per score."""
+    scaling (max(s)·c = max(s·c) for c >= 0), leaving one FMA per score. TMA (no RoPE on
+    load): k and v tiles come by descriptor (KD, VD over (B, Hkv, Tk, D), block
+    (1, 1, BLOCK_N, BLOCK_D), at batch kd_b, kv head kd_h); keys past Tk read 0."""
     d = tl.arange(0, BLOCK_D)
     nl = tl.arange(0, BLOCK_N).to(tl.int64)  # key offsets within a block
     k_rows = nl * sk_t  # loop-invariant tile offsets; each block moves only the base
@@ -239,10 +243,14 @@ def _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, mask_base, mask_rows, i,
         s0 = tl.cast(start, tl.int64)
         n = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
         n_ok = n < hi
-        k = _load_rows(k_base + s0 * sk_t, k_rows, n_ok, sk_d, cos + s0 * sc_t,
-                       sin + s0 * sc_t, t_rows, D, R, INTERLEAVED, INTERP_BF16, MASKED, EVEN_D,
-                       BLOCK_D)  # (BLOCK_N, BLOCK_D)
-        v = _load_tile(v_base + s0 * sv_t + v_off, n_ok, d < D, MASKED, EVEN_D)
+        if TMA:
+            k = tl.reshape(KD.load([kd_b, kd_h, start, 0]), (BLOCK_N, BLOCK_D))
+            v = tl.reshape(VD.load([kd_b, kd_h, start, 0]), (BLOCK_N, BLOCK_D))
+        else:
+            k = _load_rows(k_base + s0 * sk_t, k_rows, n_ok, sk_d, cos + s0 * sc_t,
+                           sin + s0 * sc_t, t_rows, D, R, INTERLEAVED, INTERP_BF16, MASKED,
+                           EVEN_D, BLOCK_D)  # (BLOCK_N, BLOCK_D)
+            v = _load_tile(v_base + s0 * sv_t + v_off, n_ok, d < D, MASKED, EVEN_D)
         s = _dot(q, tl.trans(k), None, INTERP_BF16)  # (BLOCK_M, BLOCK_N) fp32, unscaled
         if FAST:
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
@@ -300,6 +308,7 @@ def _key_range(r0, lo, CHUNK, ROWS, TQ, TK, pos_min, pos_max, CAUSAL: tl.constex
 @triton.jit
 def _attn_kernel(
     Q, K, V,  # (B, Hq, Tq, D), (B, Hkv, Tk, D), (B, Hkv, Tk, D); any strides
+    KD, VD,  # TMA: descriptors of K and V (see _attend); else unused
     COS, SIN,  # (Bc, Tk, R) contiguous tables (read iff R > 0)
     MASK,  # additive mask as a (B, Hq, Tq, Tk) view, stride 0 on broadcast dims (iff HAS_MASK)
     POS,  # integer positions (B|1, Tq), strides sp_b (0: one row for every batch), sp_t (iff HAS_POS)
@@ -320,6 +329,7 @@ def _attn_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_TQ: tl.constexpr,  # next_power_of_2(Tq) when SPLIT and HAS_POS, else 1
     GDC: tl.constexpr,  # programmatic dependent launch (_triton.pdl_launch)
+    TMA: tl.constexpr = False,  # k, v tiles by descriptor (prefill, R = 0)
 ):
     gdc_enter(GDC)
     # grid = (cdiv(PACK·Tq, BLOCK_M), B·Hq/PACK, SPLITS); row r of the program's tile is
@@ -372,14 +382,15 @@ def _attn_kernel(
     k_base = K + b * sk_b + kvh * sk_h
     v_base = V + b * sv_b + kvh * sv_h
     mask_rows = b * sm_b + head * sm_h + i64 * sm_i
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, MASK, mask_rows, i,
-                            row_ok, pos_i, lo, full, off, qk_scale, sk_t, sk_d, sv_t, sv_d, sc_t,
-                            sm_j, D, R, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED, False, FINITE,
-                            EVEN_D, INTERP_BF16, BLOCK_N, BLOCK_D)
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, cos, sin, MASK, mask_rows, i,
-                            row_ok, pos_i, full, hi, off, qk_scale, sk_t, sk_d, sv_t, sv_d, sc_t,
-                            sm_j, D, R, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED, True, False,
-                            EVEN_D, INTERP_BF16, BLOCK_N, BLOCK_D)
+    kd_b, kd_h = b.to(tl.int32), kvh.to(tl.int32)  # descriptor coordinates (TMA)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, KD, VD, kd_b, kd_h, cos, sin, MASK,
+                            mask_rows, i, row_ok, pos_i, lo, full, off, qk_scale, sk_t, sk_d,
+                            sv_t, sv_d, sc_t, sm_j, D, R, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED,
+                            False, FINITE, EVEN_D, INTERP_BF16, TMA, BLOCK_N, BLOCK_D)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, KD, VD, kd_b, kd_h, cos, sin, MASK,
+                            mask_rows, i, row_ok, pos_i, full, hi, off, qk_scale, sk_t, sk_d,
+                            sv_t, sv_d, sc_t, sm_j, D, R, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED,
+                            True, False, EVEN_D, INTERP_BF16, TMA, BLOCK_N, BLOCK_D)
 
     d = tl.arange(0, BLOCK_D)
     orow = (b * HQ + head) * TQ + i64  # (BLOCK_M,) row of out
@@ -468,7 +479,13 @@ def _keep(cfg: Config, p: Problem) -> bool:
         and bm * _block_d(p["d"]) <= MAX_ACC_PER_THREAD * 32 * w
         and (w == 4 or bm * bn >= 2048)  # 8 warps on a smaller score tile leave lanes idle
         and (splits == 1 or (p["tq"] <= DECODE_MAX_TQ and splits <= triton.cdiv(p["tk"], bn)))
+        and (not cfg.get("TMA", 0) or (p["tq"] > DECODE_MAX_TQ and splits == 1 and not _rope_on_load(p)))
     )
+
+
+def _rope_on_load(p: Problem) -> bool:
+    """RoPE rotates k tiles as they are loaded (below ROTATE_ONCE_MIN_TQ, or Tq != Tk)."""
+    return bool(p.get("rope")) and not p["tq"] == p["tk"] >= ROTATE_ONCE_MIN_TQ
 
 
 def _default(p: Problem) -> Config:
@@ -486,7 +503,7 @@ def _default(p: Problem) -> Config:
     # 8 warps once the accumulator needs them or at BLOCK_M=128 (4 spill there at D=64).
     w = 8 if (bm * bd > MAX_ACC_PER_THREAD * 32 * 4 or bm >= 128) and bm * bn >= 2048 else 4
     bm = min(bm, MAX_ACC_PER_THREAD * 32 * w // bd)
-    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": 3, "SPLITS": 1}
+    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": 3, "SPLITS": 1, "TMA": 0}
     while cfg["num_stages"] > 1 and _smem(cfg, p) > SMEM_LIMIT:
         cfg["num_stages"] -= 1
     if p["tq"] <= DECODE_MAX_TQ:  # split the keys until ~2 programs per SM
@@ -501,9 +518,11 @@ def _default(p: Problem) -> Config:
 
 SPACE = ConfigSpace(
     axes={"BLOCK_M": (16, 32, 64, 128), "BLOCK_N": (16, 32, 64, 128), "num_warps": (4, 8),
-          "num_stages": (1, 2, 3), "SPLITS": (1, 2, 4, 8, 16, 32)},
+          "num_stages": (1, 2, 3), "SPLITS": (1, 2, 4, 8, 16, 32),
+          "TMA": (0, 1)},  # 1: k, v by TMA descriptor (prefill without RoPE on load; tma_ok)
     default=_default,
     keep=_keep,
+    fill={"TMA": 0},  # configs stored before the axis: pointer loads
 )
 
 
@@ -607,7 +626,11 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
     if splits > 1:  # fp32 scratch: partial acc and (m, l) of every split and out row
         acc = torch.empty((splits, b, hq, tq, d), dtype=torch.float32, device=q.device)
         ml = torch.empty((2, splits, b, hq, tq), dtype=torch.float32, device=q.device)
-    args = (q, k, v, c, s, m4 if m4 is not None else q, pos if pos is not None else q, acc, ml[0], ml[1],
+    tma = bool(cfg.get("TMA", 0)) and prefill and rot == 0 and tma_ok(k, v)
+    block = [1, 1, bn, _block_d(d)]
+    kd, vd = (descriptor(k, block), descriptor(v, block)) if tma else (q, q)  # unused: dummies
+    args = (q, k, v, kd, vd, c, s, m4 if m4 is not None else q, pos if pos is not None else q,
+            acc, ml[0], ml[1],
             tq, tk, hq, d, b * hq * tq, hq // hkv, pack,
             triton.cdiv(triton.cdiv(tk, splits), bn) * bn,  # keys per split, whole blocks
             scale * math.log2(math.e),  # qk_scale: exp(x) = exp2(x · log2 e)
@@ -619,7 +642,7 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
             "FINITE": m4 is None and scale >= 0, "EVEN_D": d == _block_d(d), "PREFILL": prefill,
             "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": bn, "BLOCK_D": _block_d(d),
             "BLOCK_TQ": triton.next_power_of_2(tq) if splits > 1 and pos is not None else 1,
-            "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+            "TMA": tma, "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if warmup:
         return out, _attn_kernel.warmup(*args, grid=grid, GDC=False, **meta)
     pdl = pdl_launch(out)

@@ -49,7 +49,6 @@ Example (CPU needs TRITON_INTERPRET=1; on CUDA it runs the compiled kernel)::
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -63,10 +62,12 @@ from advisor.kernels._triton import (
     cast_rn,
     check,
     check_float,
+    descriptor,
     gdc_enter,
     interpreting,
     pdl_launch,
     resources,
+    tma_ok,
     triton_can_run,
 )
 from advisor.kernels.bias_act import _round_like
@@ -634,6 +635,7 @@ def keep(cfg: Config, problem: Problem) -> bool:
         return _keep_gemv(cfg, problem)
     if problem["M"] <= GEMV_MAX_M:  # 16-row tensor-core tiles would be >= 75% padding
         return False
+    cfg = {"TMA": 0, **cfg}  # a config from before the axis (SPACE.fill)
     nacc = 1 + int(problem.get("gated", 0))
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     smem = (bm * bk + nacc * bn * bk) * _elt(problem) * cfg["num_stages"]
@@ -761,7 +763,7 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
     if cfg.get("TMA", 0) and split == 1 and not pre_scale and tma_ok(x2, w):
         del tiles["SPLIT_K"]
         compiled = _gemm_tma_kernel[(_tiles(cfg, problem),)](
-            _descriptor(x2, cfg["BLOCK_M"], cfg["BLOCK_K"]), _descriptor(w, cfg["BLOCK_N"], cfg["BLOCK_K"]),
+            descriptor(x2, [cfg["BLOCK_M"], cfg["BLOCK_K"]]), descriptor(w, [cfg["BLOCK_N"], cfg["BLOCK_K"]]),
             b, r2, rs, y, m, n, k, r2.stride(0), y.stride(0),
             ROW_SCALE=norm is not None, EMULATE=emulate, PRECISION=precision, **flags, **tiles)
         return y.view(*x.shape[:-1], n), compiled
@@ -778,26 +780,6 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SPLIT_K=split, GDC=False, num_warps=4,
             **flags)
     return y.view(*x.shape[:-1], n), compiled
-
-
-_HAS_DESCRIPTORS = importlib.util.find_spec("triton.tools.tensor_descriptor") is not None
-
-
-def tma_ok(*tensors: torch.Tensor) -> bool:
-    """Whether 2-D tensors can be read through TMA descriptors: a Hopper-or-later GPU
-    (or the interpreter), unit last stride, 16-byte aligned base and row stride."""
-    t = tensors[0]
-    if not _HAS_DESCRIPTORS or not interpreting() and not (
-            t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9):
-        return False
-    return all(u.dim() == 2 and u.stride(1) == 1 and u.data_ptr() % 16 == 0
-               and (u.stride(0) * u.element_size()) % 16 == 0 for u in tensors)
-
-
-def _descriptor(t: torch.Tensor, rows: int, cols: int) -> Any:
-    from triton.tools.tensor_descriptor import TensorDescriptor  # triton >= 3.3
-
-    return TensorDescriptor.from_tensor(t, [rows, cols])
 
 
 def _run_gemv(x2, w, b, r2, y, partials, p_strides, cfg: Config, norm, flags: dict[str, Any],

@@ -7,8 +7,9 @@ vocabulary is 131 MB written, then read and written again by the clone (~87 µs 
 at 3.0 TB/s; ~350 µs at T = 2048). torch.compile's reduce-overhead mode pays nothing there:
 it hands out its static buffers (and fails a later read of an overwritten one).
 
-Here the matmul producing such an output (with the views after it) is cut out of the
-captured graph. `move_large_outputs(gm)` replaces the chain by one call of a small graph
+Here the op producing such an output (a matmul, or one of our kernels with a single
+fresh output: the final norm fused into lm_head; with the views after it) is cut out of
+the captured graph. `move_large_outputs(gm)` replaces the chain by one call of a small graph
 module of its own (`outside_graph`). Outside a capture that call just runs the chain.
 While `GraphCache` captures (`Deferred.active`), it records the chain, its inputs (tensors
 the graph keeps writing on every replay) and returns a placeholder of the output's layout
@@ -45,10 +46,24 @@ MIN_BYTES = 4 << 20
 
 MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
            aten.matmul.default, aten.linear.default}
-# Views that keep storage offset 0 (so a placeholder's layout is size and stride alone).
+
+
+def _producer(node: fx.Node) -> bool:
+    """An op whose one result is fresh memory it writes whole, with no other effect: a
+    matmul, or an `advisor::` kernel returning a single tensor and writing no argument
+    (their fake implementations give the layout on the meta device)."""
+    target = node.target
+    if target in MATMULS:
+        return True
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "advisor":
+        return False
+    schema = target._schema
+    return len(schema.returns) == 1 and not any(
+        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+# Views after the producer (the slice: a fused op's column block of its result).
 VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default,
          aten.transpose.int, aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim,
-         aten.squeeze.default, aten.alias.default}
+         aten.squeeze.default, aten.alias.default, aten.slice.Tensor}
 
 
 @dataclass
@@ -139,7 +154,10 @@ def outside_graph(sub: fx.GraphModule) -> Callable[..., Any]:
             return sub(*inputs)
         like = sub(*[_meta(x) for x in inputs])  # the output's layout, no kernel
         device = next(x.device for x in inputs if isinstance(x, torch.Tensor))
-        placeholder = torch.empty_strided(like.size(), like.stride(), dtype=like.dtype, device=device)
+        # laid out in its storage as the fresh result will be (a slice starts past 0)
+        storage = torch.empty(like.untyped_storage().nbytes() // like.element_size(),
+                              dtype=like.dtype, device=device)
+        placeholder = storage.as_strided(like.size(), like.stride(), like.storage_offset())
         active.cuts.append(_Cut(sub, inputs, placeholder))
         return placeholder
 
@@ -148,14 +166,14 @@ def outside_graph(sub: fx.GraphModule) -> Callable[..., Any]:
 
 
 def _chain(out: fx.Node, output_node: fx.Node) -> list[fx.Node] | None:
-    """[matmul, views...] ending at graph output `out`, each node used only by the next
+    """[producer, views...] ending at graph output `out`, each node used only by the next
     (the last only by the output node); None when `out` is not such a chain."""
     chain, node, user = [], out, output_node
     while True:
         if node.op != "call_function" or set(node.users) != {user}:
             return None
         chain.append(node)
-        if node.target in MATMULS:
+        if _producer(node):
             return chain[::-1]
         if node.target not in VIEWS or not isinstance(node.args[0], fx.Node):
             return None
@@ -179,8 +197,9 @@ def _extract(chain: list[fx.Node]) -> tuple[fx.GraphModule, list[fx.Node]]:
 
 
 def move_large_outputs(gm: fx.GraphModule, min_bytes: int | None = None) -> int:
-    """Cut every graph output made by a matmul (+ views) of >= min_bytes out of CUDA-graph
-    captures (see the module docstring); returns how many. Rewrites `gm` in place."""
+    """Cut every graph output made by a producer (+ views) of >= min_bytes out of CUDA-graph
+    captures (see the module docstring); returns how many. Rewrites `gm` in place (before
+    `use_direct_calls`: custom-op nodes are still `torch.ops.advisor.*`)."""
     min_bytes = MIN_BYTES if min_bytes is None else min_bytes
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
     outs = [a for a in tree_flatten(output_node.args)[0] if isinstance(a, fx.Node)]
