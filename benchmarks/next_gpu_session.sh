@@ -18,6 +18,7 @@
 #           SDPA and ours reading the materialised causal mask, and ours on it marked causal
 #   prefill profile_prefill.py: kernels per forward, RECIPE vs reduce-overhead (PROFILE_TOKENS;
 #           PROFILE_ARGS=--compile-first profiles compile first, for order effects)
+#   deep    profile_prefill.py of RECIPE and of the GEMM-family plan at 512/2048 (no compile)
 #   pack    last: every file under $OUT into 0-all.tgz, first by name (the device returns 8
 #           files at most, by name); JSONs kept beside it while they fit, logs dropped
 #   kernels issue 3's memory-bound kernels at 2048/8192 (default configs), then issue 6's
@@ -88,13 +89,21 @@ all)  # one device command of ~580 s when the budget allows only one: measure, d
       --kernels gated_act_merged,gated_act,rms_norm,layer_norm >> "$log" 2>&1; fi
   step done; tail -60 "$log" ;;
 attention)  # issue 6: ours + RoPE against RoPE + SDPA (eager and compiled), default config
-  timeout ${ATTENTION_S:-90} python3 benchmarks/attention_probe.py --tokens 512,2048,8192 \
-    --configs none --no-check > "$OUT/attention.log" 2>&1
+  # ATTENTION_CONFIGS: tiles to time too, e.g. 128x64w8s3,128x64w8s3t (t: k, v by TMA)
+  timeout ${ATTENTION_S:-90} python3 benchmarks/attention_probe.py --tokens ${ATTENTION_TOKENS:-512,2048,8192} \
+    --configs ${ATTENTION_CONFIGS:-none} --no-check > "$OUT/attention.log" 2>&1
   tail -8 "$OUT/attention.log" ;;
 prefill)  # kernels per forward, RECIPE vs torch.compile reduce-overhead, 128/512/2048
   timeout ${PROFILE_S:-200} python3 benchmarks/profile_prefill.py --recipe "$RECIPE" \
     --tokens ${PROFILE_TOKENS:-128,512,2048} ${PROFILE_ARGS:-} > "$OUT/profile-prefill.log" 2>&1
   echo "profile rc=$?" >> "$OUT/profile-prefill.log"; grep -v "^    " "$OUT/profile-prefill.log" | tail -8 ;;
+deep)  # where the GEMM-family plan loses in the model (session 16 run D): kernels per forward
+  for plan in "$RECIPE" recipes/prefill-deep-gemm-cudagraph.plan.json; do
+    n=$(basename "$plan" .json)
+    timeout ${DEEP_S:-120} python3 benchmarks/profile_prefill.py --recipe "$plan" --no-compile \
+      --tokens ${PROFILE_TOKENS:-512,2048} --json "profile-$n.json" > "$OUT/profile-$n.log" 2>&1
+    echo "$n rc=$?"; grep -v "^    " "$OUT/profile-$n.log" | tail -4
+  done ;;
 coldstart)
   PLAN=${PLAN:-$RECIPE}  # a recipe's one-token bucket is traced static (a plan file: symbolic)
   export TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
