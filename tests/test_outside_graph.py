@@ -95,29 +95,30 @@ def test_our_fused_lm_head_is_cut_too(monkeypatch, small_outputs):
     torch.testing.assert_close(deferred.resolve(out).logits, model(**x).logits, rtol=1e-4, atol=1e-4)
 
 
-def test_views_of_a_placeholder_map_onto_the_fresh_result():
+def _one_cut() -> tuple[og.Deferred, torch.Tensor, torch.Tensor]:
+    """A capture of one cut `a @ b` in one graph: (deferred, placeholder, a @ b)."""
     sub = fx.symbolic_trace(lambda a, b: torch.ops.aten.mm.default(a, b))
     a, b = torch.randn(4, 3), torch.randn(3, 5)
     deferred = og.Deferred()
     with deferred.active():
         placeholder = og.outside_graph(sub)(a, b)
     deferred.graphs_entered = 1
+    return deferred, placeholder, a @ b
+
+
+def test_views_of_a_placeholder_map_onto_the_fresh_result():
+    deferred, placeholder, ab = _one_cut()
     out = {"full": placeholder, "last": placeholder[-1], "t": placeholder.t(), "other": torch.ones(2)}
     assert deferred.sound(out)
     got = deferred.resolve(out)
-    torch.testing.assert_close(got["full"], a @ b)
-    torch.testing.assert_close(got["last"], (a @ b)[-1])
-    torch.testing.assert_close(got["t"], (a @ b).t())
+    torch.testing.assert_close(got["full"], ab)
+    torch.testing.assert_close(got["last"], ab[-1])
+    torch.testing.assert_close(got["t"], ab.t())
     assert got["other"].data_ptr() != out["other"].data_ptr()  # every other output cloned
 
 
 def test_a_placeholder_that_does_not_come_back_or_a_graph_break_is_unsound():
-    sub = fx.symbolic_trace(lambda a, b: torch.ops.aten.mm.default(a, b))
-    a, b = torch.randn(4, 3), torch.randn(3, 5)
-    deferred = og.Deferred()
-    with deferred.active():
-        placeholder = og.outside_graph(sub)(a, b)
-    deferred.graphs_entered = 1
+    deferred, placeholder, _ = _one_cut()
     assert not deferred.sound((placeholder.sum(),))  # read inside: never resolved
     assert deferred.sound((placeholder,))
     deferred.graphs_entered = 2  # a graph break: the second graph could have read it
