@@ -436,3 +436,19 @@ def test_tma_only_for_prefill_without_rope_on_load(monkeypatch):
     p = attn.problem(q, k2, v, causal=True)
     _check(q, k2, v, causal=True, config={**attn.SPACE.default(p), "TMA": 1})
     assert flags == [False]
+
+
+def test_tma_keys_past_the_last_position_are_never_read_into_the_output(monkeypatch):
+    """A static cache's unwritten tail (NaN here) past every query's position: the masked
+    block's v rows come by TMA too and must be zeroed, not multiplied by p = 0."""
+    flags = _count_tma(monkeypatch)
+    q, k, v = _qkv(1, 4, 2, 20, 40, 32, torch.float32, _gen(5))
+    pos = torch.arange(20)[None, :]  # query i sees keys <= i
+    clean_k, clean_v = k.clone(), v.clone()
+    k[:, :, 20:], v[:, :, 20:] = float("nan"), float("nan")
+    p = attn.problem(q, k, v, q_pos=pos)
+    cfg = {**attn.SPACE.default(p), "TMA": 1}
+    assert attn.SPACE.keep(cfg, p)
+    out = attn.launch_attention(q, k, v, q_pos=pos, config=cfg)
+    assert flags == [True] and not out.isnan().any()
+    assert_close(out, attn.reference(q, clean_k, clean_v, q_pos=pos))

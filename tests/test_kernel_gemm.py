@@ -456,3 +456,11 @@ def test_tma_only_unsplit_on_tensor_core_tiles():
     # a config stored before the axis reads as pointer loads
     old = {k: v for k, v in gemm.SPACE.default(problem).items() if k != "TMA"}
     assert gemm.SPACE.well_formed(old)["TMA"] == 0
+
+
+@pytest.mark.parametrize("k", [16, 32, 4096])
+@pytest.mark.parametrize("gated", [0, 1])
+def test_large_m_default_is_on_the_grid_for_any_k(k, gated):
+    """The 16-bit TMA default past 128 rows keeps BLOCK_K within the menu (K <= 32)."""
+    problem = {"M": 512, "N": 256, "K": k, "dtype": "torch.bfloat16", "gated": gated}
+    assert gemm.SPACE.default(problem) in gemm.SPACE.configs(problem)

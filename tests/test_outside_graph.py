@@ -102,13 +102,16 @@ def _one_cut() -> tuple[og.Deferred, torch.Tensor, torch.Tensor]:
     deferred = og.Deferred()
     with deferred.active():
         placeholder = og.outside_graph(sub)(a, b)
-    deferred.graphs_entered = 1
+    deferred.graphs_entered = 1  # as if one rewritten graph ran and returned the placeholder
+    deferred.returned.add(placeholder.untyped_storage().data_ptr())
     return deferred, placeholder, a @ b
 
 
 def test_views_of_a_placeholder_map_onto_the_fresh_result():
     deferred, placeholder, ab = _one_cut()
-    out = {"full": placeholder, "last": placeholder[-1], "t": placeholder.t(), "other": torch.ones(2)}
+    other = torch.ones(2)  # another output of the graph
+    deferred.returned.add(other.untyped_storage().data_ptr())
+    out = {"full": placeholder, "last": placeholder[-1], "t": placeholder.t(), "other": other}
     assert deferred.sound(out)
     got = deferred.resolve(out)
     torch.testing.assert_close(got["full"], ab)
@@ -121,6 +124,10 @@ def test_a_placeholder_that_does_not_come_back_or_a_graph_break_is_unsound():
     deferred, placeholder, _ = _one_cut()
     assert not deferred.sound((placeholder.sum(),))  # read inside: never resolved
     assert deferred.sound((placeholder,))
+    # made by eager code after the graph (a function dynamo skips): it read the placeholder
+    assert not deferred.sound((placeholder, placeholder.softmax(-1)))
+    state = torch.zeros(3)
+    assert deferred.sound((placeholder, state), inputs=[state])  # an input handed back
     deferred.graphs_entered = 2  # a graph break: the second graph could have read it
     assert not deferred.sound((placeholder,))
     assert og.Deferred().sound((torch.ones(1),))  # nothing cut: always sound
@@ -150,6 +157,37 @@ def test_only_a_matmul_chain_used_by_the_output_alone_and_large_is_cut():
     og.move_large_outputs(gm, min_bytes=64)
     h, w = torch.randn(4, 5), torch.randn(6, 5)
     torch.testing.assert_close(gm(h, w)[0], (h @ w.t()).view(1, 4, 6))
+
+
+def test_a_matmul_reading_memory_the_graph_writes_later_stays_in_the_graph():
+    """y = state @ W, then state.copy_(x) (an input updated in place, as a cache is): run
+    after the replay, the matmul would read x."""
+    g = fx.Graph()
+    state, w, x = g.placeholder("state"), g.placeholder("w"), g.placeholder("x")
+    view = g.call_function(torch.ops.aten.view.default, (state, [4, 5]))
+    mm = g.call_function(torch.ops.aten.mm.default, (view, g.call_function(torch.ops.aten.t.default, (w,))))
+    g.call_function(torch.ops.aten.copy_.default, (state, x))
+    g.output((mm,))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    for node in gm.graph.nodes:
+        node.meta["val"] = torch.empty(24)
+    assert og.move_large_outputs(gm, min_bytes=1) == 0
+    g2 = fx.Graph()  # the same without the write: cut
+    state, w = g2.placeholder("state"), g2.placeholder("w")
+    mm = g2.call_function(torch.ops.aten.mm.default, (state, g2.call_function(torch.ops.aten.t.default, (w,))))
+    g2.output((mm,))
+    gm2 = fx.GraphModule(torch.nn.Module(), g2)
+    for node in gm2.graph.nodes:
+        node.meta["val"] = torch.empty(24)
+    assert og.move_large_outputs(gm2, min_bytes=1) == 1
+
+
+def test_a_fresh_result_off_the_placeholder_layout_is_copied_into_it():
+    placeholder = torch.empty(3, 4).t()  # (4, 3), strides (1, 4)
+    fresh = torch.arange(12.0).view(4, 3)  # contiguous: another layout
+    got = og._laid_out_as(fresh, placeholder)
+    assert got.stride() == placeholder.stride() and torch.equal(got, fresh)
+    assert og._laid_out_as(fresh, torch.empty(4, 3)) is fresh
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

@@ -246,6 +246,8 @@ def _attend(acc, l_i, m_i, q, k_base, v_base, KD, VD, kd_b, kd_h, cos, sin, mask
         if TMA:
             k = tl.reshape(KD.load([kd_b, kd_h, start, 0]), (BLOCK_N, BLOCK_D))
             v = tl.reshape(VD.load([kd_b, kd_h, start, 0]), (BLOCK_N, BLOCK_D))
+            if MASKED:  # keys in [hi, Tk) are real memory here (a cache's unwritten tail,
+                v = tl.where(n_ok[:, None], v, 0.0)  # NaN maybe): p = 0 must not meet them
         else:
             k = _load_rows(k_base + s0 * sk_t, k_rows, n_ok, sk_d, cos + s0 * sc_t,
                            sin + s0 * sc_t, t_rows, D, R, INTERLEAVED, INTERP_BF16, MASKED,
@@ -460,7 +462,7 @@ def _smem(cfg: Config, p: Problem) -> int:
     stages: the compiler asked 256 KB where k + v alone is 160 KB; 4 tiles give 288 KB)."""
     bd = _block_d(p["d"])
     mask = cfg["BLOCK_M"] * cfg["BLOCK_N"] if p.get("mask") else 0
-    k_tiles = 4 if p.get("rope") and p["tq"] < ROTATE_ONCE_MIN_TQ else 1
+    k_tiles = 4 if _rope_on_load(p) else 1
     stage = cfg["BLOCK_N"] * bd * (k_tiles + 1)  # K side + v
     return (stage * cfg["num_stages"] + cfg["BLOCK_M"] * bd + mask) * _ELT.get(p["dtype"], 4)
 

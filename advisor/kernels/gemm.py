@@ -220,6 +220,15 @@ def _finish(acc, up, rows, cols, M, N, B, R, RS, Y, P, stride_rm, stride_ym, str
 
 
 @triton.jit
+def _scaled(x, g, EMULATE: tl.constexpr):
+    """x·g (g fp32, broadcast to x) rounded once to x's dtype: the normalised-x prologue's
+    rounding, the same in the GEMM and in the pre-pass that writes it."""
+    if EMULATE:
+        return _round_like(x.to(tl.float32) * g, x)
+    return (x.to(tl.float32) * g).to(x.dtype)
+
+
+@triton.jit
 def _gemm_kernel(
     X, W, G,  # x (M, K) any strides; W (N_w, K) any strides; g = norm weight (K,) if PRE_SCALE
     B, R, RS,  # bias (N,); residual (M, N) rows stride_rm apart; row scales r (M,) fp32
@@ -262,10 +271,7 @@ def _gemm_kernel(
             b = tl.load(w_ptrs, mask=(kk < K)[:, None], other=0.0)
         if PRE_SCALE:
             g = tl.load(G + kk, mask=kk < K, other=0.0).to(tl.float32) + weight_offset
-            if EMULATE:
-                a = _round_like(a.to(tl.float32) * g[None, :], a)
-            else:
-                a = (a.to(tl.float32) * g[None, :]).to(X.dtype.element_ty)
+            a = _scaled(a, g[None, :], EMULATE)
         if EMULATE:  # the 3.9 interpreter's dot multiplies bf16 bit patterns (triton#11584)
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -490,11 +496,7 @@ def _row_rstd_kernel(X, RS, G, XG, K, stride_xm, stride_xk, eps, weight_offset,
             kk = k + tl.arange(0, BLOCK_K)
             v = tl.load(X + row * stride_xm + kk * stride_xk, mask=kk < K, other=0.0)
             g = tl.load(G + kk, mask=kk < K, other=0.0).to(tl.float32) + weight_offset
-            if EMULATE:
-                xg = _round_like(v.to(tl.float32) * g, v)
-            else:
-                xg = (v.to(tl.float32) * g).to(v.dtype)
-            tl.store(XG + row * K + kk, xg.to(XG.dtype.element_ty), mask=kk < K)
+            tl.store(XG + row * K + kk, _scaled(v, g, EMULATE).to(XG.dtype.element_ty), mask=kk < K)
 
 
 # ----------------------------------------------------------------------------- config space
@@ -666,7 +668,7 @@ def default(problem: Problem) -> Config:
         # >= 96 of them (o_proj at 512 rows has 64: 43.3 against 29.7 at 128-wide; QKV has
         # 96: 49.7 against 54.6).
         wide = not (nacc - 1) and triton.cdiv(m, 128) * triton.cdiv(problem["N"], 256) >= 96
-        cfg.update(TMA=1, BLOCK_K=64, BLOCK_N=256 if wide else 128,
+        cfg.update(TMA=1, BLOCK_K=min(64, menu["BLOCK_K"][-1]), BLOCK_N=256 if wide else 128,
                    num_warps=8 if wide or nacc == 2 else 4,
                    num_stages=3 if wide or (nacc == 2 and m >= 1024) else 4)
     if m <= 128:

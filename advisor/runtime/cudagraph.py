@@ -108,8 +108,12 @@ class _Captured:
                        for x, is_state in zip(flat, self.state)]
         a, k = tree_unflatten(self.static, self.spec)
         self.deferred = Deferred()
-        self.graph, self.out = self._capture(fn, a, k, self.deferred)
-        if not self.deferred.sound(self.out):  # a placeholder may have been read: cut nothing
+        try:
+            self.graph, self.out = self._capture(fn, a, k, self.deferred)
+            cut_ok = self.deferred.sound(self.out, self.static)
+        except Exception:  # noqa: BLE001 (a cut's layout pass failed: capture without cuts)
+            cut_ok = False
+        if not cut_ok:  # a placeholder may have been read, or the capture failed: cut nothing
             self.deferred = Deferred()
             self.graph, self.out = self._capture(fn, a, k, None)
 

@@ -60,6 +60,8 @@ def _producer(node: fx.Node) -> bool:
     schema = target._schema
     return len(schema.returns) == 1 and not any(
         a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
 # Views after the producer (the slice: a fused op's column block of its result).
 VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default,
          aten.transpose.int, aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim,
@@ -82,6 +84,7 @@ class Deferred:
 
     cuts: list[_Cut] = field(default_factory=list)
     graphs_entered: int = 0
+    returned: set[int] = field(default_factory=set)  # storages the rewritten graphs returned
 
     @contextmanager
     def active(self) -> Iterator[Deferred]:
@@ -91,15 +94,20 @@ class Deferred:
         finally:
             _ACTIVE.reset(token)
 
-    def sound(self, out: Any) -> bool:
+    def sound(self, out: Any, inputs: list[Any] = ()) -> bool:
         """Whether every placeholder reached the outputs and nothing else could read one:
-        a single rewritten graph ran, and each placeholder's storage is among `out`'s."""
+        a single rewritten graph ran, each placeholder's storage is among `out`'s, and
+        every tensor of `out` is one that graph returned or an input (a tensor made by
+        eager code after the graph, e.g. a function dynamo skips, could have read a
+        placeholder)."""
         if not self.cuts:
             return True
-        returned = {t.untyped_storage().data_ptr() for t in tree_flatten(out)[0]
+        storages = {t.untyped_storage().data_ptr() for t in tree_flatten(out)[0]
                     if isinstance(t, torch.Tensor)}
-        return self.graphs_entered == 1 and all(
-            c.placeholder.untyped_storage().data_ptr() in returned for c in self.cuts)
+        known = self.returned | {t.untyped_storage().data_ptr() for t in inputs
+                                 if isinstance(t, torch.Tensor)}
+        return self.graphs_entered == 1 and storages <= known and all(
+            c.placeholder.untyped_storage().data_ptr() in storages for c in self.cuts)
 
     def resolve(self, out: Any) -> Any:
         """`out` (the captured outputs, just replayed) with each placeholder, or a view of
@@ -115,7 +123,7 @@ class Deferred:
             if cut is None:
                 return t.clone()
             if ptr not in fresh:
-                fresh[ptr] = cut.sub(*cut.inputs)  # laid out as the placeholder
+                fresh[ptr] = _laid_out_as(cut.sub(*cut.inputs), cut.placeholder)
             f = fresh[ptr]
             if (t.size(), t.stride(), t.storage_offset()) == (f.size(), f.stride(), f.storage_offset()):
                 return f
@@ -132,11 +140,27 @@ def entered(forward: Callable[..., Any]) -> Callable[..., Any]:
 
     def call(*args: Any) -> Any:
         active = _ACTIVE.get()
-        if active is not None:
-            active.graphs_entered += 1
-        return forward(*args)
+        if active is None:
+            return forward(*args)
+        active.graphs_entered += 1
+        result = forward(*args)
+        active.returned |= {t.untyped_storage().data_ptr() for t in tree_flatten(result)[0]
+                            if isinstance(t, torch.Tensor)}
+        return result
 
     return call
+
+
+def _laid_out_as(fresh: torch.Tensor, placeholder: torch.Tensor) -> torch.Tensor:
+    """`fresh` itself when it has the placeholder's layout (the fake implementation's, as
+    it should); else a copy laid out so (a kernel whose fake layout is off costs a copy,
+    never a wrong view)."""
+    if (fresh.size(), fresh.stride(), fresh.storage_offset()) == (
+            placeholder.size(), placeholder.stride(), placeholder.storage_offset()):
+        return fresh
+    storage = fresh.new_empty(placeholder.untyped_storage().nbytes() // fresh.element_size())
+    out = storage.as_strided(placeholder.size(), placeholder.stride(), placeholder.storage_offset())
+    return out.copy_(fresh)
 
 
 def _meta(x: Any) -> Any:
@@ -180,6 +204,34 @@ def _chain(out: fx.Node, output_node: fx.Node) -> list[fx.Node] | None:
         node, user = node.args[0], node
 
 
+def _base(node: Any) -> Any:
+    """The node whose memory `node` views (through ops returning an alias of their first
+    argument), or `node` itself."""
+    while (isinstance(node, fx.Node) and node.op == "call_function"
+           and isinstance(node.target, torch._ops.OpOverload) and node.target._schema.returns
+           and node.target._schema.returns[0].alias_info is not None
+           and not node.target._schema.returns[0].alias_info.is_write and node.args):
+        node = node.args[0]
+    return node
+
+
+def _written(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes (view bases) whose memory some op of the graph writes in place: a KV cache's
+    scatter, a trailing `copy_` of an input, a kernel writing its arguments."""
+    out = set()
+    for node in graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is not None and a.alias_info.is_write:
+                value = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+                for v in value if isinstance(value, (list, tuple)) else (value,):
+                    if isinstance(v, fx.Node):
+                        out.add(_base(v))
+    return out
+
+
 def _extract(chain: list[fx.Node]) -> tuple[fx.GraphModule, list[fx.Node]]:
     """The chain as a graph module of its own; returns it and the outer nodes it reads."""
     graph, env, outer = fx.Graph(), {}, []
@@ -203,12 +255,15 @@ def move_large_outputs(gm: fx.GraphModule, min_bytes: int | None = None) -> int:
     min_bytes = MIN_BYTES if min_bytes is None else min_bytes
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
     outs = [a for a in tree_flatten(output_node.args)[0] if isinstance(a, fx.Node)]
+    written = _written(gm.graph)
     moved = 0
     for out in dict.fromkeys(outs):
         chain = _chain(out, output_node)
         if chain is None or nbytes(chain[0]) < min_bytes:
             continue
         sub, outer = _extract(chain)
+        if any(_base(a) in written for a in outer):  # run after the replay, it would read
+            continue  # what the graph wrote there later, not what the chain read
         with gm.graph.inserting_before(out):
             call = gm.graph.call_function(outside_graph(sub), tuple(outer))
         call.meta.update(out.meta)
