@@ -118,3 +118,13 @@ def test_changed_model_fuses_only_sites_that_still_match():  # 20
 def test_recipe_from_json_rejects_non_objects():
     with pytest.raises(RecipeError):
         recipe_from_json([1, 2])
+
+
+def test_a_zero_config_value_is_an_off_switch(tmp_path):
+    """TMA=0 (pointer loads) is a value tune writes; negative values stay errors."""
+    obj = GOOD.to_json()
+    obj["buckets"][0]["plan"]["configs"]["linear_residual"] = (
+        "BLOCK_K=64,BLOCK_M=128,BLOCK_N=128,GROUP_M=8,SPLIT_K=1,TMA=0,num_stages=3,num_warps=8")
+    p = tmp_path / "ok.json"
+    p.write_text(json.dumps(obj))
+    assert "TMA=0" in load_recipe(p).buckets[0].plan.configs["linear_residual"]

@@ -113,7 +113,8 @@ def plan_from_json(obj: Any, path: str = "$") -> Plan:
         except ValueError as exc:
             raise RecipeError(f"invalid recipe at {path}.configs.{fam}: {exc}") from None
         for key, value in cfg.items():
-            _expect(1 <= value <= 65536, f"{path}.configs.{fam}.{key}", f"value {value} out of range")
+            # 0: an off switch (the TMA axes); each kernel's space checks its own values at launch
+            _expect(0 <= value <= 65536, f"{path}.configs.{fam}.{key}", f"value {value} out of range")
     flags = {key: obj.get(key, False) for key in PLAN_FLAGS}
     for key, value in flags.items():
         _expect(isinstance(value, bool), f"{path}.{key}", "expected true/false")
