@@ -216,3 +216,49 @@ def test_replayed_logits_belong_to_the_caller_on_cuda(small_outputs, dtype):
     state = next(iter(fast.buckets.values()))
     (captured,) = state.graphs.graphs.values()
     assert len(captured.deferred.cuts) == 1  # sound: the capture kept its cut
+
+
+@torch.compiler.disable
+def _eager_softmax(t: torch.Tensor) -> torch.Tensor:
+    return t.softmax(-1)
+
+
+class _ReadsLogitsEagerly(torch.nn.Module):
+    """The logits, then eager code (a function dynamo skips) reading them."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(16, 64)
+
+    def forward(self, x):
+        logits = self.head(x * 2)
+        return logits, _eager_softmax(logits)
+
+
+def test_eager_code_after_the_graph_makes_a_capture_unsound(small_outputs):
+    model = _ReadsLogitsEagerly()
+    fast = apply_mod.apply(model, Plan(fusions=(), cuda_graph=True))
+    x = torch.randn(2, 8, 16)
+    fast(x)  # trace
+    deferred = og.Deferred()
+    with deferred.active():
+        out = fast(x)
+    assert len(deferred.cuts) == 1 and deferred.graphs_entered == 1
+    assert not deferred.sound(out)  # the softmax was made outside the graph, from the placeholder
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_placeholder_read_by_eager_code_recaptures_without_the_cut(small_outputs):
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = _ReadsLogitsEagerly()
+        xs = [torch.randn(2, 8, 16) for _ in range(2)]
+    fast = apply_mod.apply(model, Plan(fusions=(), cuda_graph=True))
+    for x in xs * 2:  # capture, then replays
+        logits, probs = fast(x)
+        want = model(x)[0]
+        torch.testing.assert_close(logits, want)
+        torch.testing.assert_close(probs, want.softmax(-1))
+    state = next(iter(fast.buckets.values()))
+    (captured,) = state.graphs.graphs.values()
+    assert captured.deferred.cuts == []  # unsound: captured again with nothing cut
