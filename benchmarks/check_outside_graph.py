@@ -43,8 +43,11 @@ def _other_tokens(v: Any) -> Any:
     return v
 
 
-def _outside(model: Any) -> int:
-    return sum(r.get("outputs_outside_graph", 0) for r in model.summary() if r["family"] == "(all)")
+def _outside(model: Any) -> dict[str, Any]:
+    """Outputs the rewrites cut, and per live graph how many its capture kept."""
+    rows = [r for r in model.summary() if r["family"] == "(all)"]
+    return {"cut": sum(r.get("outputs_outside_graph", 0) for r in rows),
+            "kept_per_graph": [n for r in rows for n in (r.get("outside_per_graph") or [])]}
 
 
 def main() -> None:

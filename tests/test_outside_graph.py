@@ -216,6 +216,7 @@ def test_replayed_logits_belong_to_the_caller_on_cuda(small_outputs, dtype):
     state = next(iter(fast.buckets.values()))
     (captured,) = state.graphs.graphs.values()
     assert len(captured.deferred.cuts) == 1  # sound: the capture kept its cut
+    assert row["outside_per_graph"] == [1]
 
 
 @torch.compiler.disable
@@ -262,3 +263,5 @@ def test_a_placeholder_read_by_eager_code_recaptures_without_the_cut(small_outpu
     state = next(iter(fast.buckets.values()))
     (captured,) = state.graphs.graphs.values()
     assert captured.deferred.cuts == []  # unsound: captured again with nothing cut
+    (row,) = [r for r in fast.summary() if r["family"] == "(all)"]
+    assert row["outputs_outside_graph"] == 1 and row["outside_per_graph"] == [0]

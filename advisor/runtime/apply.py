@@ -179,6 +179,10 @@ class AdvisedModel(torch.nn.Module):
                 "rewrite_s": round(sum(r.seconds for r in state.reports), 3),
                 "confirm_s": round(sum(r.confirm_seconds for r in state.reports), 3),
                 "cuda_graphs": len(state.graphs.graphs) if state.graphs else None,
+                # per live graph, the outputs its capture kept outside (0 after a recapture
+                # that found a placeholder read: outside_graph.Deferred.sound)
+                "outside_per_graph": ([len(g.deferred.cuts) for g in state.graphs.graphs.values()]
+                                      if state.graphs else None),
                 "cuda_graph_failures": state.graphs.failures if state.graphs else None,
             })
         return rows
