@@ -300,8 +300,8 @@ def _gemm_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """`_gemm_kernel` (SPLIT_K = 1, no PRE_SCALE: more rows than NORM_IN_GEMM_MAX_M) with
-    x and W tiles fetched by the tensor memory
-    accelerator (Hopper's TMA): one bulk copy per tile into shared memory, which the
+    x and W tiles fetched by the tensor memory accelerator (Hopper's TMA): one bulk copy
+    per tile into shared memory, which the
     pipelined loop overlaps with the tensor-core work, instead of per-thread address
     arithmetic and cp.async. A tile past M, N or K reads zeros (the descriptor's bounds),
     so no load needs a mask; the gate tile of a GATED W whose last column tile passes N
@@ -667,7 +667,7 @@ def default(problem: Problem) -> Config:
         # 111.5), gate/up + SwiGLU 207.0 / 706.5 (218.6 / 795.6). 256-wide tiles only with
         # >= 96 of them (o_proj at 512 rows has 64: 43.3 against 29.7 at 128-wide; QKV has
         # 96: 49.7 against 54.6).
-        wide = not (nacc - 1) and triton.cdiv(m, 128) * triton.cdiv(problem["N"], 256) >= 96
+        wide = nacc == 1 and triton.cdiv(m, 128) * triton.cdiv(problem["N"], 256) >= 96
         cfg.update(TMA=1, BLOCK_K=min(64, menu["BLOCK_K"][-1]), BLOCK_N=256 if wide else 128,
                    num_warps=8 if wide or nacc == 2 else 4,
                    num_stages=3 if wide or (nacc == 2 and m >= 1024) else 4)

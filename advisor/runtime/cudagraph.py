@@ -18,6 +18,7 @@ into, or out of, a cache the caller may still use).
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -120,10 +121,8 @@ class _Captured:
     @staticmethod
     def _capture(fn: Callable[..., Any], a: Any, k: Any, deferred: Deferred | None) -> tuple:
         graph = torch.cuda.CUDAGraph()
-        if deferred is None:
-            with torch.cuda.graph(graph):
-                return graph, fn(*a, **k)
-        with deferred.active(), torch.cuda.graph(graph):
+        with deferred.active() if deferred is not None else contextlib.nullcontext(), \
+                torch.cuda.graph(graph):
             return graph, fn(*a, **k)
 
     def __call__(self, flat: list[Any]) -> Any:

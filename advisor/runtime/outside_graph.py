@@ -17,9 +17,11 @@ instead of recording any kernel. After each replay `Deferred.resolve` runs the c
 eagerly into memory the caller owns: no copy, one launch outside the graph, whose host
 time overlaps the replay's GPU work.
 
-A placeholder must only ever reach the caller. So a capture is redone without cutting
-when one did not come back in the outputs, or when more than one rewritten graph ran in
-it (a graph break: Python or a later graph could have read the placeholder).
+A placeholder must only ever reach the caller, and a cut op must read what it read in the
+graph. So a chain whose inputs the graph writes later (a trailing `copy_` into an input)
+is never cut, and a capture is redone without cutting unless it is `sound`: every
+placeholder came back in the outputs, one rewritten graph ran, and every output is that
+graph's or an input (a graph break, or eager code after the graph, could have read one).
 """
 
 from __future__ import annotations
@@ -68,6 +70,24 @@ VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, ate
          aten.squeeze.default, aten.alias.default, aten.slice.Tensor}
 
 
+def _storages(tree: Any) -> set[int]:
+    """Addresses of the storages of the tensors in a pytree."""
+    return {t.untyped_storage().data_ptr() for t in tree_flatten(tree)[0]
+            if isinstance(t, torch.Tensor)}
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return t.size(), t.stride(), t.storage_offset()
+
+
+def _empty_laid_out(like: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """An uninitialised tensor with `like`'s dtype and layout in a storage of its size (a
+    slice keeps its offset into it)."""
+    storage = torch.empty(like.untyped_storage().nbytes() // like.element_size(),
+                          dtype=like.dtype, device=device)
+    return storage.as_strided(*_layout(like))
+
+
 @dataclass
 class _Cut:
     """One chain cut out of a capture: its graph module, the graph-owned tensors it reads
@@ -102,11 +122,8 @@ class Deferred:
         placeholder)."""
         if not self.cuts:
             return True
-        storages = {t.untyped_storage().data_ptr() for t in tree_flatten(out)[0]
-                    if isinstance(t, torch.Tensor)}
-        known = self.returned | {t.untyped_storage().data_ptr() for t in inputs
-                                 if isinstance(t, torch.Tensor)}
-        return self.graphs_entered == 1 and storages <= known and all(
+        storages = _storages(out)
+        return self.graphs_entered == 1 and storages <= self.returned | _storages(list(inputs)) and all(
             c.placeholder.untyped_storage().data_ptr() in storages for c in self.cuts)
 
     def resolve(self, out: Any) -> Any:
@@ -125,9 +142,7 @@ class Deferred:
             if ptr not in fresh:
                 fresh[ptr] = _laid_out_as(cut.sub(*cut.inputs), cut.placeholder)
             f = fresh[ptr]
-            if (t.size(), t.stride(), t.storage_offset()) == (f.size(), f.stride(), f.storage_offset()):
-                return f
-            return f.as_strided(t.size(), t.stride(), t.storage_offset())
+            return f if _layout(t) == _layout(f) else f.as_strided(*_layout(t))
 
         return tree_map(leaf, out)
 
@@ -144,8 +159,7 @@ def entered(forward: Callable[..., Any]) -> Callable[..., Any]:
             return forward(*args)
         active.graphs_entered += 1
         result = forward(*args)
-        active.returned |= {t.untyped_storage().data_ptr() for t in tree_flatten(result)[0]
-                            if isinstance(t, torch.Tensor)}
+        active.returned |= _storages(result)
         return result
 
     return call
@@ -155,12 +169,9 @@ def _laid_out_as(fresh: torch.Tensor, placeholder: torch.Tensor) -> torch.Tensor
     """`fresh` itself when it has the placeholder's layout (the fake implementation's, as
     it should); else a copy laid out so (a kernel whose fake layout is off costs a copy,
     never a wrong view)."""
-    if (fresh.size(), fresh.stride(), fresh.storage_offset()) == (
-            placeholder.size(), placeholder.stride(), placeholder.storage_offset()):
+    if _layout(fresh) == _layout(placeholder):
         return fresh
-    storage = fresh.new_empty(placeholder.untyped_storage().nbytes() // fresh.element_size())
-    out = storage.as_strided(placeholder.size(), placeholder.stride(), placeholder.storage_offset())
-    return out.copy_(fresh)
+    return _empty_laid_out(placeholder, fresh.device).copy_(fresh)
 
 
 def _meta(x: Any) -> Any:
@@ -178,10 +189,7 @@ def outside_graph(sub: fx.GraphModule) -> Callable[..., Any]:
             return sub(*inputs)
         like = sub(*[_meta(x) for x in inputs])  # the output's layout, no kernel
         device = next(x.device for x in inputs if isinstance(x, torch.Tensor))
-        # laid out in its storage as the fresh result will be (a slice starts past 0)
-        storage = torch.empty(like.untyped_storage().nbytes() // like.element_size(),
-                              dtype=like.dtype, device=device)
-        placeholder = storage.as_strided(like.size(), like.stride(), like.storage_offset())
+        placeholder = _empty_laid_out(like, device)  # as the fresh result will be laid out
         active.cuts.append(_Cut(sub, inputs, placeholder))
         return placeholder
 
