@@ -144,6 +144,20 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
                for u in tensors)
 
 
+INTERPRETER_SMS = 3  # "SMs" of the interpreter: persistent kernels then loop over tiles
+
+
+def sm_count(t: torch.Tensor) -> int:
+    """Streaming multiprocessors of t's GPU (a persistent grid's size; INTERPRETER_SMS on
+    the CPU, so the tests walk several tiles per program)."""
+    return _sm_count(t.device.index or 0) if t.is_cuda else INTERPRETER_SMS
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def descriptor(t: torch.Tensor, block_shape: list[int]) -> Any:
     """A host-side TMA descriptor of `t` (checked by `tma_ok`) loading `block_shape`
     blocks; a block past `t`'s bounds reads zeros there."""

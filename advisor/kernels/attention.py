@@ -68,6 +68,7 @@ DECODE_MAX_TQ = 16  # Tq at or below this takes the decode path (packed heads, s
 # (benchmarks/attention_probe.py): 31.2 -> 23.3 µs at 512 tokens, 267 -> 177 at 2048,
 # 2984 -> 1882 at 8192 (Llama-3-8B heads, causal, bf16). Below 512 not measured: on load.
 ROTATE_ONCE_MIN_TQ = 512
+TMA_MIN_TQ = 2048  # prefill from here: k, v by TMA in 128x128 tiles (the lengths measured)
 MAX_D = 256
 LOG2E = tl.constexpr(1.4426950408889634)  # scores scaled into the log2 domain: e^x = 2^(x·log2 e)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -508,6 +509,15 @@ def _default(p: Problem) -> Config:
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": 3, "SPLITS": 1, "TMA": 0}
     while cfg["num_stages"] > 1 and _smem(cfg, p) > SMEM_LIMIT:
         cfg["num_stages"] -= 1
+    if (p["tq"] >= TMA_MIN_TQ and bm == 128 and _ELT.get(p["dtype"], 4) == 2
+            and not p.get("mask") and not _rope_on_load(p)):
+        # H100, session 17 (results/h100-s17A-attention-probe.json; causal, 32/8 heads,
+        # d 128, bf16, µs at 2048 / 8192): k, v by TMA in 128x128 tiles, 8 warps, 3
+        # stages: 85.6 / 1071.5 against 87.0 / 1129.0 for 128x64 by pointers (SDPA 85.1 /
+        # 1006.3); 2 stages 93.9 / 1192.7. The 224 KB of 3 stages fit (SMEM_MAX).
+        cfg.update(BLOCK_N=128, TMA=1, num_stages=3)
+        while cfg["num_stages"] > 1 and _smem(cfg, p) > SMEM_MAX:
+            cfg["num_stages"] -= 1
     if p["tq"] <= DECODE_MAX_TQ:  # split the keys until ~2 programs per SM
         programs = p["batch"] * p["hkv"] * triton.cdiv(_rows(p), bm)
         blocks = triton.cdiv(p["tk"], bn)

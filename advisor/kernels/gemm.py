@@ -67,6 +67,7 @@ from advisor.kernels._triton import (
     interpreting,
     pdl_launch,
     resources,
+    sm_count,
     tma_ok,
     triton_can_run,
 )
@@ -291,27 +292,17 @@ def _gemm_kernel(
 
 
 @triton.jit
-def _gemm_tma_kernel(
-    XD, WD,  # tensor descriptors: x (M, K) in (BM, BK) blocks; W (N_w, K) in (BN, BK) blocks
-    B, R, RS, Y,  # as in _gemm_kernel
-    M, N, K, stride_rm, stride_ym,
-    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    ROW_SCALE: tl.constexpr, GATED: tl.constexpr, EMULATE: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):
-    """`_gemm_kernel` (SPLIT_K = 1, no PRE_SCALE: more rows than NORM_IN_GEMM_MAX_M) with
-    x and W tiles fetched by the tensor memory accelerator (Hopper's TMA): one bulk copy
-    per tile into shared memory, which the
-    pipelined loop overlaps with the tensor-core work, instead of per-thread address
-    arithmetic and cp.async. A tile past M, N or K reads zeros (the descriptor's bounds),
-    so no load needs a mask; the gate tile of a GATED W whose last column tile passes N
-    reads rows of the up half there, which the masked store drops."""
-    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
+def _tma_tile(XD, WD, pid_m, pid_n, N, K, EMULATE: tl.constexpr, PRECISION: tl.constexpr,
+              GATED: tl.constexpr, WS: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 (acc, up) of the (BLOCK_M, BLOCK_N) output tile (pid_m, pid_n) from descriptor
+    loads over the whole of K. A tile past M, N or K reads zeros (the descriptor's bounds);
+    the gate tile of a GATED W whose last column tile passes N reads rows of the up half
+    there, which the masked store drops. WS: the loop is warp-specialised (producer warps
+    issue the TMA copies, consumer warps the MMAs; triton's automatic partitioning)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = acc
-    for k in range(0, K, BLOCK_K):
+    for k in tl.range(0, K, BLOCK_K, warp_specialize=WS):
         a = XD.load([pid_m * BLOCK_M, k])  # (BM, BK)
         b = WD.load([pid_n * BLOCK_N, k])  # (BN, BK): rows of W
         if EMULATE:  # the 3.9 interpreter's dot multiplies bf16 bit patterns (triton#11584)
@@ -323,8 +314,43 @@ def _gemm_tma_kernel(
             if EMULATE:
                 bu = bu.to(tl.float32)
             up = tl.dot(a, bu.T, up, input_precision=PRECISION)
-    _finish(acc, up, rows, cols, M, N, B, R, RS, Y, Y, stride_rm, stride_ym, 0, 0,
-            ACT, HAS_BIAS, HAS_RESIDUAL, ROW_SCALE, GATED, 1)
+    return acc, up
+
+
+@triton.jit
+def _gemm_tma_kernel(
+    XD, WD,  # tensor descriptors: x (M, K) in (BM, BK) blocks; W (N_w, K) in (BN, BK) blocks
+    B, R, RS, Y,  # as in _gemm_kernel
+    M, N, K, stride_rm, stride_ym, PROGRAMS,  # PROGRAMS: the grid (PERSISTENT) or unused
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    ROW_SCALE: tl.constexpr, GATED: tl.constexpr, EMULATE: tl.constexpr, PRECISION: tl.constexpr,
+    PERSISTENT: tl.constexpr, WS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """`_gemm_kernel` (SPLIT_K = 1, no PRE_SCALE: more rows than NORM_IN_GEMM_MAX_M) with
+    x and W tiles fetched by the tensor memory accelerator (Hopper's TMA): one bulk copy
+    per tile into shared memory, which the pipelined loop overlaps with the tensor-core
+    work, instead of per-thread address arithmetic and cp.async. PERSISTENT: PROGRAMS
+    programs (about one per SM) walk the tiles in grouped order, so one tile's epilogue
+    overlaps the next tile's first loads and the last wave is not a launch of its own."""
+    if PERSISTENT:
+        tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), tiles, PROGRAMS):
+            pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc, up = _tma_tile(XD, WD, pid_m, pid_n, N, K, EMULATE, PRECISION, GATED, WS,
+                                BLOCK_M, BLOCK_N, BLOCK_K)
+            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
+            _finish(acc, up, rows, cols, M, N, B, R, RS, Y, Y, stride_rm, stride_ym, 0, 0,
+                    ACT, HAS_BIAS, HAS_RESIDUAL, ROW_SCALE, GATED, 1)
+    else:
+        pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc, up = _tma_tile(XD, WD, pid_m, pid_n, N, K, EMULATE, PRECISION, GATED, WS,
+                            BLOCK_M, BLOCK_N, BLOCK_K)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
+        _finish(acc, up, rows, cols, M, N, B, R, RS, Y, Y, stride_rm, stride_ym, 0, 0,
+                ACT, HAS_BIAS, HAS_RESIDUAL, ROW_SCALE, GATED, 1)
 
 
 @triton.jit
@@ -550,7 +576,11 @@ def _menu(problem: Problem) -> dict[str, tuple[int, ...]]:
     else:
         menu = {"BLOCK_M": (64, 128), "BLOCK_K": (32, 64), "num_warps": (4, 8), "SPLIT_K": (1,)}
     menu.update(BLOCK_N=(64, 128, 256), GROUP_M=(8,), num_stages=(3, 4),
-                TMA=(0,) if m <= 16 else (0, 1))  # TMA has no split-K: not on the decode tiles
+                TMA=(0,) if m <= 16 else (0, 1), WS=(0,))  # TMA has no split-K: not on the decode tiles
+    if m > 128 and elt == 2:
+        # H100, session 16: pointer loads and BLOCK_K 32 lost to TMA 64-deep tiles by 10-50%
+        # at every large-M shape timed; persistent and warp-specialised forms are searched.
+        menu.update(BLOCK_K=(64,), TMA=(1, 2), WS=(0, 1))
     for axis, size in (("BLOCK_N", problem["N"]), ("BLOCK_K", problem["K"])):
         cap = max(32, _pow2(size))  # no tile wider than the problem (but >= 32 for tl.dot)
         menu[axis] = tuple(v for v in menu[axis] if v <= cap) or (cap,)
@@ -591,7 +621,7 @@ def _keep_gemv(cfg: Config, problem: Problem) -> bool:
     nacc = 1 + int(problem.get("gated", 0))
     per_thread = nacc * cfg["BLOCK_M"] * cfg["BLOCK_N"] * cfg["BLOCK_K"] // (32 * cfg["num_warps"])
     lo, hi = (0, 4 * GEMV_PER_THREAD[1]) if _toy(problem) else GEMV_PER_THREAD
-    return (problem["M"] <= GEMV_MAX_M and not cfg.get("TMA", 0)
+    return (problem["M"] <= GEMV_MAX_M and not cfg.get("TMA", 0) and not cfg.get("WS", 0)
             and all(cfg[axis] in values for axis, values in _gemv_menu(problem).items())
             and lo <= per_thread <= hi and _gemv_split_ok(cfg, problem))
 
@@ -618,7 +648,7 @@ def _gemv_default(problem: Problem) -> Config:
     rows = 8 if gated else max(8, (32 if n >= 4096 else 16) // bm)
     cfg = {"BLOCK_M": bm, "BLOCK_N": rows,
            "BLOCK_K": max(menu["BLOCK_K"][0], min(256, _pow2(problem["K"]))),
-           "GROUP_M": 8, "num_warps": 4, "num_stages": 1, "SPLIT_K": 1, "TMA": 0}
+           "GROUP_M": 8, "num_warps": 4, "num_stages": 1, "SPLIT_K": 1, "TMA": 0, "WS": 0}
     if _toy(problem):
         cfg.update(BLOCK_N=min(64, max(8, _pow2(n))), BLOCK_K=menu["BLOCK_K"][-1])
         while cfg["BLOCK_N"] > 8 and not _keep_gemv(cfg, problem):
@@ -637,7 +667,7 @@ def keep(cfg: Config, problem: Problem) -> bool:
         return _keep_gemv(cfg, problem)
     if problem["M"] <= GEMV_MAX_M:  # 16-row tensor-core tiles would be >= 75% padding
         return False
-    cfg = {"TMA": 0, **cfg}  # a config from before the axis (SPACE.fill)
+    cfg = {**SPACE.fill, **cfg}  # a config from before the axes
     nacc = 1 + int(problem.get("gated", 0))
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     smem = (bm * bk + nacc * bn * bk) * _elt(problem) * cfg["num_stages"]
@@ -659,7 +689,7 @@ def default(problem: Problem) -> Config:
         return _gemv_default(problem)
     menu = _menu(problem)
     cfg = {"BLOCK_M": 128, "BLOCK_N": 128 // nacc, "BLOCK_K": menu["BLOCK_K"][-1],
-           "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "SPLIT_K": 1, "TMA": 0}
+           "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "SPLIT_K": 1, "TMA": 0, "WS": 0}
     if m > 128 and _elt(problem) == 2:
         # H100 sweep (session 16, results/h100-s16C-kernels-gemm-tma.json, µs at 512 / 2048
         # rows, Llama-3-8B widths): TMA 128x{128,256}x64 tiles beat pointer loads by 10-25%
@@ -691,11 +721,14 @@ SPACE = ConfigSpace(
         "num_warps": (4, 8),
         "num_stages": (1, 2, 3, 4),
         "SPLIT_K": (1, 2, 4, 8),
-        "TMA": (0, 1),  # 1: _gemm_tma_kernel where x and W allow it (tma_ok), SPLIT_K = 1
+        # 1: _gemm_tma_kernel where x and W allow it (tma_ok), SPLIT_K = 1; 2: its
+        # persistent form (a program per SM walks the tiles)
+        "TMA": (0, 1, 2),
+        "WS": (0, 1),  # TMA only: the K loop warp-specialised (tl.range(warp_specialize))
     },
     default=default,
     keep=keep,
-    fill={"TMA": 0},  # configs stored before the axis: pointer loads
+    fill={"TMA": 0, "WS": 0},  # configs stored before these axes: pointer loads, one partition
 )
 
 
@@ -761,13 +794,16 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
                                BLOCK_K=min(4096, _pow2(k)), num_warps=4)
         x2 = xg  # (M, K): x·g, rounded as the prologue rounds it
     precision = "ieee" if emulate or x.dtype == torch.float32 else "tf32"
-    tiles = {key: v for key, v in cfg.items() if key != "TMA"}
-    if cfg.get("TMA", 0) and split == 1 and not pre_scale and tma_ok(x2, w):
+    tiles = {key: v for key, v in cfg.items() if key not in ("TMA", "WS")}
+    if cfg["TMA"] and split == 1 and not pre_scale and tma_ok(x2, w):
         del tiles["SPLIT_K"]
-        compiled = _gemm_tma_kernel[(_tiles(cfg, problem),)](
+        persistent = cfg["TMA"] == 2
+        programs = min(_tiles(cfg, problem), sm_count(x2)) if persistent else _tiles(cfg, problem)
+        compiled = _gemm_tma_kernel[(programs,)](
             descriptor(x2, [cfg["BLOCK_M"], cfg["BLOCK_K"]]), descriptor(w, [cfg["BLOCK_N"], cfg["BLOCK_K"]]),
-            b, r2, rs, y, m, n, k, r2.stride(0), y.stride(0),
-            ROW_SCALE=norm is not None, EMULATE=emulate, PRECISION=precision, **flags, **tiles)
+            b, r2, rs, y, m, n, k, r2.stride(0), y.stride(0), programs,
+            ROW_SCALE=norm is not None, EMULATE=emulate, PRECISION=precision,
+            PERSISTENT=persistent, WS=bool(cfg["WS"]), **flags, **tiles)
         return y.view(*x.shape[:-1], n), compiled
     compiled = _gemm_kernel[(_tiles(cfg, problem), split)](
         x2, w, g, b, r2, rs, y, partials, m, n, k, x2.stride(0), x2.stride(1), w.stride(0),
