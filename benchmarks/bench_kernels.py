@@ -8,7 +8,7 @@ config of a sweep of its space. Achieved GB/s = minimal bytes moved ÷ time, aga
 copy bandwidth measured in the same run and against a copy of the same bytes. Output: kernels.json under $OUT.
 
     python benchmarks/bench_kernels.py [--tokens 1,128,512,2048,8192] [--kernels a,b] [--sweep 12]
-        [--where LAYOUT=2,EVICT=1]
+        [--where LAYOUT=2,EVICT=1] [--dims K=14336] [--over "TMA=2;TMA=1,WS=1"] [--json kernels.json]
 
 `--where` narrows each kernel's sweep to the configs of its space with those axis values
 (axes a space does not have are ignored for it), e.g. gated_act's flat configs only.
@@ -75,15 +75,18 @@ def _matches(cfg: dict, where: dict) -> bool:
 
 
 def bench_kernel(spec, tokens: int, dtype: torch.dtype, sweep: int, compiled, configs=None,
-                 where=None) -> dict:
+                 where=None, dims=None, overrides=()) -> dict:
     """One row: correctness, eager / compile / default / best-of-sweep times. `configs`: time
     these (well-formed and kept for the problem) instead of a sweep of the space; `where`:
-    sweep only the space's configs with these axis values (see `_matches`)."""
+    sweep only the space's configs with these axis values (see `_matches`); `dims`: bench
+    dimensions replacing the spec's (down_proj's K = 14336); `overrides`: configs timed as
+    the default with these axis values changed (TMA=2,WS=1)."""
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(tokens)
-    inputs = spec.make_inputs(spec.bench_dims(tokens), dtype, dev, gen)
+    shape = {**spec.bench_dims(tokens), **(dims or {})}
+    inputs = spec.make_inputs(shape, dtype, dev, gen)
     copies = max(1, min(16, -(-2 * L2_BYTES // max(1, spec.bytes_moved(*inputs)))))
-    sets = [inputs] + [spec.make_inputs(spec.bench_dims(tokens), dtype, dev, gen) for _ in range(copies - 1)]
+    sets = [inputs] + [spec.make_inputs(shape, dtype, dev, gen) for _ in range(copies - 1)]
 
     def timed(call) -> float:
         fn, n = _rotating(call, sets)
@@ -91,7 +94,7 @@ def bench_kernel(spec, tokens: int, dtype: torch.dtype, sweep: int, compiled, co
 
     problem = spec.problem(*inputs)
     default = spec.default_config(*inputs)
-    row = {"kernel": spec.name, "tokens": tokens, "dims": dict(spec.bench_dims(tokens)),
+    row = {"kernel": spec.name, "tokens": tokens, "dims": shape,
            "bytes": spec.bytes_moved(*inputs), "default_config": encode(default),
            "max_error": _check(spec, inputs, default)}
     row["input_sets"] = copies
@@ -100,6 +103,8 @@ def bench_kernel(spec, tokens: int, dtype: torch.dtype, sweep: int, compiled, co
     row["compile_ms"] = timed(lambda inp: compiled(*inp))
     row["default_ms"] = timed(lambda inp: spec.launch(*inp, config=default))
     best_cfg, best_ms, tried = default, row["default_ms"], 0
+    if overrides:
+        configs = [{**default, **o} for o in overrides]
     if configs is None:
         every = [c for c in spec.space.configs(problem) if _matches(c, where or {})]
         configs = every[::max(1, len(every) // sweep)] if sweep else []
@@ -146,8 +151,13 @@ def main() -> None:
     ap.add_argument("--kernels", default="")
     ap.add_argument("--sweep", type=int, default=12, help="configs timed per shape (0: default only)")
     ap.add_argument("--where", default="", help="sweep only configs with these axis values: K=V,...")
+    ap.add_argument("--dims", default="", help="bench dimensions to replace: K=14336,N=4096")
+    ap.add_argument("--over", default="", help="instead of a sweep: the default with these axis "
+                    "values, ';' between configs: TMA=2;TMA=1,WS=1")
+    ap.add_argument("--json", default="kernels.json", help="file name under $OUT")
     args = ap.parse_args()
-    where = decode(args.where)
+    where, dims = decode(args.where), decode(args.dims)
+    overrides = [decode(o) for o in args.over.split(";") if o]
     dev, dtype = torch.device("cuda"), torch.bfloat16
     ceilings = measure_ceilings(dev)
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -157,18 +167,20 @@ def main() -> None:
     rows, failures = [], []
 
     def save() -> Path:  # after every row: a run cut by its time limit keeps what it measured
-        payload = header(dev, dtype="bfloat16", tokens=tokens, where=args.where,
+        payload = header(dev, dtype="bfloat16", tokens=tokens, where=args.where, dims=args.dims,
+                         over=args.over,
                          timing="do_bench_cudagraph median (device time; do_bench median where capture fails)")
         payload.update(ceilings={"copy_gbps": ceilings.copy_gbps, "matmul_tflops": ceilings.matmul_tflops,
                                  "launch_us": ceilings.launch_us, "graph_launch_us": ceilings.graph_launch_us},
                        rows=rows, failures=failures)
-        return write("kernels.json", payload)
+        return write(args.json, payload)
 
     for name, spec in specs.items():
         compiled = torch.compile(spec.unfused_ops(), dynamic=False)
         for t in tokens:
             try:
-                row = bench_kernel(spec, t, dtype, args.sweep, compiled, where=where)
+                row = bench_kernel(spec, t, dtype, args.sweep, compiled, where=where, dims=dims,
+                                   overrides=overrides)
                 row["frac_of_copy_bw"] = row["best_gbps"] / ceilings.copy_gbps
                 rows.append(row)
                 print(f"{name:16s} {t:5d} tok  eager {row['eager_ms']*1e3:8.1f}us  compile "
@@ -176,6 +188,10 @@ def main() -> None:
                       f"({row['best_gbps']:6.0f} GB/s, {100*row['frac_of_copy_bw']:3.0f}% of copy, "
                       f"{100*row['frac_of_same_size_copy']:3.0f}% of a same-size copy) "
                       f"best {row['best_config']} of {row['configs_tried']}", flush=True)
+                if overrides:  # each variant against the default, so the log alone answers
+                    print(f"{'':22s} default {row['default_ms']*1e3:8.1f}us " + "  ".join(
+                        f"{c}: {ms*1e3:.1f}us" for c, ms in row.get("config_ms", {}).items()),
+                        row.get("failed_configs", ""), flush=True)
             except Exception as exc:
                 failures.append({"kernel": name, "tokens": t, "error": f"{type(exc).__name__}: {exc}"[:500]})
                 print(f"{name:16s} {t:5d} FAILED {failures[-1]['error']}", flush=True)

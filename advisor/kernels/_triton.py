@@ -153,7 +153,7 @@ def sm_count(t: torch.Tensor) -> int:
     return _sm_count(t.device.index or 0) if t.is_cuda else INTERPRETER_SMS
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
