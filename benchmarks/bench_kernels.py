@@ -8,7 +8,7 @@ config of a sweep of its space. Achieved GB/s = minimal bytes moved ÷ time, aga
 copy bandwidth measured in the same run and against a copy of the same bytes. Output: kernels.json under $OUT.
 
     python benchmarks/bench_kernels.py [--tokens 1,128,512,2048,8192] [--kernels a,b] [--sweep 12]
-        [--where LAYOUT=2,EVICT=1] [--dims K=14336] [--over "TMA=2;TMA=1,WS=1"] [--json kernels.json]
+        [--where LAYOUT=2,EVICT=1] [--dims K=14336] [--over "TMA=1;TMA=2"] [--json kernels.json]
 
 `--where` narrows each kernel's sweep to the configs of its space with those axis values
 (axes a space does not have are ignored for it), e.g. gated_act's flat configs only.
@@ -80,7 +80,7 @@ def bench_kernel(spec, tokens: int, dtype: torch.dtype, sweep: int, compiled, co
     these (well-formed and kept for the problem) instead of a sweep of the space; `where`:
     sweep only the space's configs with these axis values (see `_matches`); `dims`: bench
     dimensions replacing the spec's (down_proj's K = 14336); `overrides`: configs timed as
-    the default with these axis values changed (TMA=2,WS=1)."""
+    the default with these axis values changed (TMA=2,num_stages=3)."""
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(tokens)
     shape = {**spec.bench_dims(tokens), **(dims or {})}
@@ -153,7 +153,7 @@ def main() -> None:
     ap.add_argument("--where", default="", help="sweep only configs with these axis values: K=V,...")
     ap.add_argument("--dims", default="", help="bench dimensions to replace: K=14336,N=4096")
     ap.add_argument("--over", default="", help="instead of a sweep: the default with these axis "
-                    "values, ';' between configs: TMA=2;TMA=1,WS=1")
+                    "values, ';' between configs: TMA=1;TMA=2,num_stages=3")
     ap.add_argument("--json", default="kernels.json", help="file name under $OUT")
     args = ap.parse_args()
     where, dims = decode(args.where), decode(args.dims)

@@ -22,7 +22,7 @@
 #   pack    last: every file under $OUT into 0-all.tgz, first by name (the device returns 8
 #           files at most, by name); JSONs kept beside it while they fit, logs dropped
 #   gemmsites  each GEMM site of the GEMM-family plan (QKV, gate/up, o, down, lm_head) at
-#           512/2048 rows: default TMA tiles vs WS / persistent forms, cuBLAS + ops, compile
+#           512/2048 rows: plain vs persistent TMA tiles, cuBLAS + ops, compile
 #   kernels issue 3's memory-bound kernels at 2048/8192 (default configs), then issue 6's
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
@@ -118,12 +118,13 @@ coldstart)
   unset TRITON_CACHE_DIR TORCHINDUCTOR_CACHE_DIR
   grep " to first forward" "$OUT/coldstart.log" ;;
 gemmsites)  # each GEMM site of the deep plan at its in-model shape: default TMA tiles against
-  # their warp-specialised and persistent forms, cuBLAS + ops and torch.compile (SITE_TOKENS)
+  # the plain and persistent TMA forms, cuBLAS + ops and torch.compile (SITE_TOKENS, SITE_ONLY)
   for site in "qkv gemm_rmsnorm" "gateup rmsnorm_swiglu" "o gemm_epilogue" \
               "down gemm_epilogue K=14336" "lmhead gemm_rmsnorm N=128256"; do
     read -r name kernel dims <<< "$site"
+    [[ -z "${SITE_ONLY:-}" || ",$SITE_ONLY," == *",$name,"* ]] || continue
     timeout ${SITE_S:-110} python3 benchmarks/bench_kernels.py --tokens ${SITE_TOKENS:-512,2048} --sweep 0 \
-      --kernels "$kernel" --dims "$dims" --over "${SITE_OVER:-TMA=1,WS=1;TMA=2;TMA=2,WS=1}" \
+      --kernels "$kernel" --dims "$dims" --over "${SITE_OVER:-TMA=1;TMA=2}" \
       --json "kernels-site-$name.json" > "$OUT/kernels-site-$name.log" 2>&1
     echo "== $name rc=$?"; grep -v "^/\|warn" "$OUT/kernels-site-$name.log" | tail -5
   done ;;

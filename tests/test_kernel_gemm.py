@@ -420,15 +420,14 @@ def test_tma_path_every_op(monkeypatch, dtype, m, k, n):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("tma, ws", [(2, 0), (2, 1), (1, 1)])
-def test_persistent_and_warp_specialised_tma_every_op(monkeypatch, dtype, tma, ws):
+def test_persistent_tma_every_op(monkeypatch, dtype):
     """TMA=2: sm_count programs (3 in the interpreter) walk 16 tiles of 64x64, ragged at
-    M, N and K; WS=1 the warp-specialised K loop (one partition in the interpreter)."""
+    M, N and K."""
     m, k, n = 200, 72, 200
     launches = _count_tma_launches(monkeypatch)
     for gated in (0, 1):
         cfg = _cfg(m, n, k, dtype, gated=bool(gated), BLOCK_M=64, BLOCK_N=64, num_warps=4,
-                   num_stages=3, TMA=tma, WS=ws)
+                   num_stages=3, TMA=2)
         assert gemm.SPACE.keep(cfg, {"M": m, "N": n, "K": k, "dtype": str(dtype), "gated": gated})
     x, w = _xw(m, k, n, dtype)
     r = _rand((m, n), dtype, 4)
@@ -439,18 +438,16 @@ def test_persistent_and_warp_specialised_tma_every_op(monkeypatch, dtype, tma, w
     g = _rand((k,), dtype, 5, 0.5)
     assert_close(gemm.launch_gemm_rmsnorm(x, g, w, 1e-6, 0.0, cfg),
                  gemm.reference_rmsnorm(x, g, w, 1e-6, 0.0))
-    assert [grid[0] for grid in launches] == [3 if tma == 2 else 16] * 3
+    assert [grid[0] for grid in launches] == [3] * 3
 
 
-def test_large_m_16_bit_menu_is_tma_only_and_ws_needs_tma():
-    """Past 128 rows (16-bit) the menu holds TMA tiles only (plain, persistent; with or
-    without warp specialisation); WS with pointer loads is never kept."""
+def test_large_m_16_bit_menu_is_tma_only():
+    """Past 128 rows (16-bit) the menu holds TMA tiles only, plain and persistent; fp32
+    keeps pointer loads."""
     problem = {"M": 512, "N": 4096, "K": 4096, "dtype": "torch.bfloat16", "gated": 0}
-    configs = gemm.SPACE.configs(problem)
-    assert {c["TMA"] for c in configs} == {1, 2} and {c["WS"] for c in configs} == {0, 1}
+    assert {c["TMA"] for c in gemm.SPACE.configs(problem)} == {1, 2}
     fp32 = {**problem, "dtype": "torch.float32"}
-    assert not any(c["WS"] for c in gemm.SPACE.configs(fp32))
-    assert not gemm.SPACE.keep({**gemm.SPACE.default(fp32), "WS": 1}, fp32)
+    assert {c["TMA"] for c in gemm.SPACE.configs(fp32)} == {0, 1}
 
 
 def _count_tma_launches(monkeypatch) -> list:

@@ -293,16 +293,18 @@ def _gemm_kernel(
 
 @triton.jit
 def _tma_tile(XD, WD, pid_m, pid_n, N, K, EMULATE: tl.constexpr, PRECISION: tl.constexpr,
-              GATED: tl.constexpr, WS: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+              GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr):
     """fp32 (acc, up) of the (BLOCK_M, BLOCK_N) output tile (pid_m, pid_n) from descriptor
     loads over the whole of K. A tile past M, N or K reads zeros (the descriptor's bounds);
     the gate tile of a GATED W whose last column tile passes N reads rows of the up half
-    there, which the masked store drops. WS: the loop is warp-specialised (producer warps
-    issue the TMA copies, consumer warps the MMAs; triton's automatic partitioning)."""
+    there, which the masked store drops.
+
+    Not warp-specialised: on the H100 (triton 3.6, session 17 run B) `tl.range(...,
+    warp_specialize=True)` here gained 0-1.5% with 8 warps and hung the GPU with 4."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = acc
-    for k in tl.range(0, K, BLOCK_K, warp_specialize=WS):
+    for k in range(0, K, BLOCK_K):
         a = XD.load([pid_m * BLOCK_M, k])  # (BM, BK)
         b = WD.load([pid_n * BLOCK_N, k])  # (BN, BK): rows of W
         if EMULATE:  # the 3.9 interpreter's dot multiplies bf16 bit patterns (triton#11584)
@@ -324,7 +326,7 @@ def _gemm_tma_kernel(
     M, N, K, stride_rm, stride_ym, PROGRAMS,  # PROGRAMS: the grid (PERSISTENT) or unused
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     ROW_SCALE: tl.constexpr, GATED: tl.constexpr, EMULATE: tl.constexpr, PRECISION: tl.constexpr,
-    PERSISTENT: tl.constexpr, WS: tl.constexpr,
+    PERSISTENT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """`_gemm_kernel` (SPLIT_K = 1, no PRE_SCALE: more rows than NORM_IN_GEMM_MAX_M) with
@@ -337,7 +339,7 @@ def _gemm_tma_kernel(
         tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         for tile in tl.range(tl.program_id(0), tiles, PROGRAMS):
             pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            acc, up = _tma_tile(XD, WD, pid_m, pid_n, N, K, EMULATE, PRECISION, GATED, WS,
+            acc, up = _tma_tile(XD, WD, pid_m, pid_n, N, K, EMULATE, PRECISION, GATED,
                                 BLOCK_M, BLOCK_N, BLOCK_K)
             rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
             cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
@@ -345,7 +347,7 @@ def _gemm_tma_kernel(
                     ACT, HAS_BIAS, HAS_RESIDUAL, ROW_SCALE, GATED, 1)
     else:
         pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        acc, up = _tma_tile(XD, WD, pid_m, pid_n, N, K, EMULATE, PRECISION, GATED, WS,
+        acc, up = _tma_tile(XD, WD, pid_m, pid_n, N, K, EMULATE, PRECISION, GATED,
                             BLOCK_M, BLOCK_N, BLOCK_K)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
@@ -576,11 +578,11 @@ def _menu(problem: Problem) -> dict[str, tuple[int, ...]]:
     else:
         menu = {"BLOCK_M": (64, 128), "BLOCK_K": (32, 64), "num_warps": (4, 8), "SPLIT_K": (1,)}
     menu.update(BLOCK_N=(64, 128, 256), GROUP_M=(8,), num_stages=(3, 4),
-                TMA=(0,) if m <= 16 else (0, 1), WS=(0,))  # TMA has no split-K: not on the decode tiles
+                TMA=(0,) if m <= 16 else (0, 1))  # TMA has no split-K: not on the decode tiles
     if m > 128 and elt == 2:
         # H100, session 16: pointer loads and BLOCK_K 32 lost to TMA 64-deep tiles by 10-50%
-        # at every large-M shape timed; persistent and warp-specialised forms are searched.
-        menu.update(BLOCK_K=(64,), TMA=(1, 2), WS=(0, 1))
+        # at every large-M shape timed; the persistent form is searched too.
+        menu.update(BLOCK_K=(64,), TMA=(1, 2))
     for axis, size in (("BLOCK_N", problem["N"]), ("BLOCK_K", problem["K"])):
         cap = max(32, _pow2(size))  # no tile wider than the problem (but >= 32 for tl.dot)
         menu[axis] = tuple(v for v in menu[axis] if v <= cap) or (cap,)
@@ -621,7 +623,7 @@ def _keep_gemv(cfg: Config, problem: Problem) -> bool:
     nacc = 1 + int(problem.get("gated", 0))
     per_thread = nacc * cfg["BLOCK_M"] * cfg["BLOCK_N"] * cfg["BLOCK_K"] // (32 * cfg["num_warps"])
     lo, hi = (0, 4 * GEMV_PER_THREAD[1]) if _toy(problem) else GEMV_PER_THREAD
-    return (problem["M"] <= GEMV_MAX_M and not cfg.get("TMA", 0) and not cfg.get("WS", 0)
+    return (problem["M"] <= GEMV_MAX_M and not cfg.get("TMA", 0)
             and all(cfg[axis] in values for axis, values in _gemv_menu(problem).items())
             and lo <= per_thread <= hi and _gemv_split_ok(cfg, problem))
 
@@ -648,7 +650,7 @@ def _gemv_default(problem: Problem) -> Config:
     rows = 8 if gated else max(8, (32 if n >= 4096 else 16) // bm)
     cfg = {"BLOCK_M": bm, "BLOCK_N": rows,
            "BLOCK_K": max(menu["BLOCK_K"][0], min(256, _pow2(problem["K"]))),
-           "GROUP_M": 8, "num_warps": 4, "num_stages": 1, "SPLIT_K": 1, "TMA": 0, "WS": 0}
+           "GROUP_M": 8, "num_warps": 4, "num_stages": 1, "SPLIT_K": 1, "TMA": 0}
     if _toy(problem):
         cfg.update(BLOCK_N=min(64, max(8, _pow2(n))), BLOCK_K=menu["BLOCK_K"][-1])
         while cfg["BLOCK_N"] > 8 and not _keep_gemv(cfg, problem):
@@ -689,7 +691,7 @@ def default(problem: Problem) -> Config:
         return _gemv_default(problem)
     menu = _menu(problem)
     cfg = {"BLOCK_M": 128, "BLOCK_N": 128 // nacc, "BLOCK_K": menu["BLOCK_K"][-1],
-           "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "SPLIT_K": 1, "TMA": 0, "WS": 0}
+           "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "SPLIT_K": 1, "TMA": 0}
     if m > 128 and _elt(problem) == 2:
         # H100 sweep (session 16, results/h100-s16C-kernels-gemm-tma.json, µs at 512 / 2048
         # rows, Llama-3-8B widths): TMA 128x{128,256}x64 tiles beat pointer loads by 10-25%
@@ -697,9 +699,13 @@ def default(problem: Problem) -> Config:
         # 111.5), gate/up + SwiGLU 207.0 / 706.5 (218.6 / 795.6). 256-wide tiles only with
         # >= 96 of them (o_proj at 512 rows has 64: 43.3 against 29.7 at 128-wide; QKV has
         # 96: 49.7 against 54.6).
+        # The 8-warp tiles run persistent (TMA=2; H100 session 17 run B, 512 / 2048 rows):
+        # norm -> gate/up + SwiGLU 211.1 / 761.2 -> 209.3 / 739.2, norm -> lm_head (N
+        # 128256) 869.5 / 3187.6 -> 854.7 / 3066.3, norm -> QKV 50.8 / 165.9 -> 51.2 / 164.4.
         wide = nacc == 1 and triton.cdiv(m, 128) * triton.cdiv(problem["N"], 256) >= 96
-        cfg.update(TMA=1, BLOCK_K=min(64, menu["BLOCK_K"][-1]), BLOCK_N=256 if wide else 128,
-                   num_warps=8 if wide or nacc == 2 else 4,
+        eight = wide or nacc == 2
+        cfg.update(TMA=2 if eight else 1, BLOCK_K=min(64, menu["BLOCK_K"][-1]),
+                   BLOCK_N=256 if wide else 128, num_warps=8 if eight else 4,
                    num_stages=3 if wide or (nacc == 2 and m >= 1024) else 4)
     if m <= 128:
         cfg.update(BLOCK_M=min(64, max(16, _pow2(m))), BLOCK_N=64 if m <= 16 else cfg["BLOCK_N"],
@@ -724,11 +730,10 @@ SPACE = ConfigSpace(
         # 1: _gemm_tma_kernel where x and W allow it (tma_ok), SPLIT_K = 1; 2: its
         # persistent form (a program per SM walks the tiles)
         "TMA": (0, 1, 2),
-        "WS": (0, 1),  # TMA only: the K loop warp-specialised (tl.range(warp_specialize))
     },
     default=default,
     keep=keep,
-    fill={"TMA": 0, "WS": 0},  # configs stored before these axes: pointer loads, one partition
+    fill={"TMA": 0},  # configs stored before the axis: pointer loads
 )
 
 
@@ -794,7 +799,7 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
                                BLOCK_K=min(4096, _pow2(k)), num_warps=4)
         x2 = xg  # (M, K): x·g, rounded as the prologue rounds it
     precision = "ieee" if emulate or x.dtype == torch.float32 else "tf32"
-    tiles = {key: v for key, v in cfg.items() if key not in ("TMA", "WS")}
+    tiles = {key: v for key, v in cfg.items() if key != "TMA"}
     if cfg["TMA"] and split == 1 and not pre_scale and tma_ok(x2, w):
         del tiles["SPLIT_K"]
         persistent = cfg["TMA"] == 2
@@ -803,7 +808,7 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
             descriptor(x2, [cfg["BLOCK_M"], cfg["BLOCK_K"]]), descriptor(w, [cfg["BLOCK_N"], cfg["BLOCK_K"]]),
             b, r2, rs, y, m, n, k, r2.stride(0), y.stride(0), programs,
             ROW_SCALE=norm is not None, EMULATE=emulate, PRECISION=precision,
-            PERSISTENT=persistent, WS=bool(cfg["WS"]), **flags, **tiles)
+            PERSISTENT=persistent, **flags, **tiles)
         return y.view(*x.shape[:-1], n), compiled
     compiled = _gemm_kernel[(_tiles(cfg, problem), split)](
         x2, w, g, b, r2, rs, y, partials, m, n, k, x2.stride(0), x2.stride(1), w.stride(0),
