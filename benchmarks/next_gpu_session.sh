@@ -4,8 +4,8 @@
 #   carry [".whl"] (../shared/tools/prep-device-wheels.sh) and ADVISOR_GIT_SHA set:
 #   ADVISOR_GIT_SHA=$(git rev-parse --short HEAD) bash benchmarks/next_gpu_session.sh tune
 # Stages:
-#   tune    analyze at 1/512 (the merge and site probes' first CUDA run); a tune seeded per
-#           bucket (3cc3c88) -> $OUT/llama_hf-<card>.json (h200 or h100)
+#   tune    analyze at 1/512 (ANALYZE_S=0 skips it); a tune seeded per bucket with RECIPE and
+#           SEEDS (plan files) -> $OUT/llama_hf-<card>.json (h200 or h100)
 #   bench   RECIPE (default the committed one; pass tune's output) vs eager and both
 #           torch.compile modes at 1/128/512/2048: latency, kernels, cold start fields
 #   ablate  each family of RECIPE toggled at 1/512, for predicted-vs-measured savings
@@ -38,17 +38,18 @@ card=$(grep -q H200 "$OUT/gpu.txt" && echo h200 || echo h100)  # a recipe is per
 for stage in "$@"; do
 case $stage in
 tune)
-  timeout ${ANALYZE_S:-140} python3 -m advisor.cli analyze $model --shapes 1,512 \
-    --json "$OUT/analysis.json" > "$OUT/analyze.log" 2>&1
-  echo "analyze rc=$?" >> "$OUT/analyze.log"
+  if [ "${ANALYZE_S:-140}" != 0 ]; then
+    timeout ${ANALYZE_S:-140} python3 -m advisor.cli analyze $model --shapes 1,512 \
+      --json "$OUT/analysis.json" > "$OUT/analyze.log" 2>&1
+    echo "analyze rc=$?" >> "$OUT/analyze.log"; tail -4 "$OUT/analyze.log"; fi
   # TUNE_S - 90 s of search, TUNE_S hard stop: the journal keeps finished trials past a kill
   timeout ${TUNE_S:-420} python3 -m advisor.cli tune $model --shapes 1,128,512,2048 --trials 4 \
     --time-budget $(( ${TUNE_S:-420} - 90 )) --seed-plan "$RECIPE" \
-    --seed-plan recipes/prefill-light-attention-cudagraph.plan.json \
-    --seed-plan recipes/decode-swiglu-table-pdl-cudagraph.plan.json \
+    $(for s in ${SEEDS:-recipes/prefill-light-attention-cudagraph.plan.json recipes/decode-swiglu-table-pdl-cudagraph.plan.json}; do
+        echo --seed-plan "$s"; done) \
     --out "$OUT/llama_hf-$card.json" > "$OUT/tune.log" 2>&1
   echo "tune rc=$?" >> "$OUT/tune.log"
-  tail -4 "$OUT/analyze.log"; tail -30 "$OUT/tune.log" ;;
+  tail -30 "$OUT/tune.log" ;;
 bench)
   timeout ${BENCH_S:-570} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes ${BENCH_SHAPES:-1,128,512,2048} \
     --compile ${BENCH_COMPILE:-default,reduce-overhead} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
