@@ -27,6 +27,30 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _interpreter_index_fix() -> None:
+    """Triton 3.6's interpreter turns a tensor used as a Python int (a `range()` bound made
+    from `tl.program_id`, a 1-element array there) into one with `int(ndarray)`, which
+    NumPy 2 refuses for arrays of one dimension ("only 0-dimensional arrays can be
+    converted to Python scalars": every kernel whose loop bounds depend on the program
+    failed); triton 3.9 squeezes first. Do the same on every interpreted launch."""
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "advisor_squeezes", False):
+        return
+
+    def patched(tensor, scope) -> None:
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patched.advisor_squeezes = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patched
+
+
+if interpreting():  # read when the kernels are defined, as @triton.jit reads it
+    _interpreter_index_fix()
+
+
 def triton_can_run(*tensors: torch.Tensor) -> bool:
     """True when the Triton kernel can run on these tensors (CUDA, or CPU in interpreter)."""
     device = tensors[0].device
