@@ -338,21 +338,30 @@ def _gemm_tma_kernel(
     if PERSISTENT:
         tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         for tile in tl.range(tl.program_id(0), tiles, PROGRAMS):
-            pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            acc, up = _tma_tile(XD, WD, pid_m, pid_n, N, K, EMULATE, PRECISION, GATED,
-                                BLOCK_M, BLOCK_N, BLOCK_K)
-            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
-            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
-            _finish(acc, up, rows, cols, M, N, B, R, RS, Y, Y, stride_rm, stride_ym, 0, 0,
-                    ACT, HAS_BIAS, HAS_RESIDUAL, ROW_SCALE, GATED, 1)
+            _tma_output_tile(tile, XD, WD, B, R, RS, Y, M, N, K, stride_rm, stride_ym, ACT,
+                             HAS_BIAS, HAS_RESIDUAL, ROW_SCALE, GATED, EMULATE, PRECISION,
+                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     else:
-        pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        acc, up = _tma_tile(XD, WD, pid_m, pid_n, N, K, EMULATE, PRECISION, GATED,
-                            BLOCK_M, BLOCK_N, BLOCK_K)
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
-        _finish(acc, up, rows, cols, M, N, B, R, RS, Y, Y, stride_rm, stride_ym, 0, 0,
-                ACT, HAS_BIAS, HAS_RESIDUAL, ROW_SCALE, GATED, 1)
+        _tma_output_tile(tl.program_id(0), XD, WD, B, R, RS, Y, M, N, K, stride_rm, stride_ym,
+                         ACT, HAS_BIAS, HAS_RESIDUAL, ROW_SCALE, GATED, EMULATE, PRECISION,
+                         BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+
+
+@triton.jit
+def _tma_output_tile(tile, XD, WD, B, R, RS, Y, M, N, K, stride_rm, stride_ym,
+                     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                     ROW_SCALE: tl.constexpr, GATED: tl.constexpr, EMULATE: tl.constexpr,
+                     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Output tile number `tile` (grouped order) of `_gemm_tma_kernel`: product, epilogue,
+    masked store."""
+    pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc, up = _tma_tile(XD, WD, pid_m, pid_n, N, K, EMULATE, PRECISION, GATED,
+                        BLOCK_M, BLOCK_N, BLOCK_K)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
+    _finish(acc, up, rows, cols, M, N, B, R, RS, Y, Y, stride_rm, stride_ym, 0, 0,
+            ACT, HAS_BIAS, HAS_RESIDUAL, ROW_SCALE, GATED, 1)
 
 
 @triton.jit
