@@ -108,8 +108,10 @@ def bench_kernel(spec, tokens: int, dtype: torch.dtype, sweep: int, compiled, co
     if configs is None:
         every = [c for c in spec.space.configs(problem) if _matches(c, where or {})]
         configs = every[::max(1, len(every) // sweep)] if sweep else []
-    else:
-        configs = [c for c in configs if spec.space.keep(c, problem)]
+    else:  # a launch would run the default in place of a config `keep` refuses: say so
+        refused = [c for c in configs if not spec.space.keep(c, problem)]
+        row["failed_configs"] = [f"{encode(c)}: not kept for this problem" for c in refused]
+        configs = [c for c in configs if c not in refused]
     for cfg in configs:
         try:
             _check(spec, inputs, cfg)
@@ -153,7 +155,8 @@ def main() -> None:
     ap.add_argument("--where", default="", help="sweep only configs with these axis values: K=V,...")
     ap.add_argument("--dims", default="", help="bench dimensions to replace: K=14336,N=4096")
     ap.add_argument("--over", default="", help="instead of a sweep: the default with these axis "
-                    "values, ';' between configs: TMA=1;TMA=2,num_stages=3")
+                    "values, ';' between configs: TMA=1;TMA=2,num_stages=3 (a config the space does "
+                    "not keep for the problem is listed as such: e.g. TMA=0 past 128 16-bit rows)")
     ap.add_argument("--json", default="kernels.json", help="file name under $OUT")
     args = ap.parse_args()
     where, dims = decode(args.where), decode(args.dims)

@@ -27,7 +27,7 @@
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
 # Several stages run in order in one command: ... next_gpu_session.sh coldstart tune
-[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, coldstart, attention, prefill, kernels or all" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, coldstart, attention, prefill, deep, gemmsites, kernels, all or pack" >&2; exit 2; }
 RECIPE=${RECIPE:-recipes/llama_hf-h200.json}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
@@ -45,7 +45,7 @@ tune)
   # TUNE_S - 90 s of search, TUNE_S hard stop: the journal keeps finished trials past a kill
   timeout ${TUNE_S:-420} python3 -m advisor.cli tune $model --shapes 1,128,512,2048 --trials 4 \
     --time-budget $(( ${TUNE_S:-420} - 90 )) --seed-plan "$RECIPE" \
-    $(for s in ${SEEDS:-recipes/prefill-light-attention-cudagraph.plan.json recipes/decode-swiglu-table-pdl-cudagraph.plan.json}; do
+    $(for s in ${SEEDS-recipes/prefill-light-attention-cudagraph.plan.json recipes/decode-swiglu-table-pdl-cudagraph.plan.json}; do
         echo --seed-plan "$s"; done) \
     --out "$OUT/llama_hf-$card.json" > "$OUT/tune.log" 2>&1
   echo "tune rc=$?" >> "$OUT/tune.log"

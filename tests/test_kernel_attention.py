@@ -452,3 +452,45 @@ def test_tma_keys_past_the_last_position_are_never_read_into_the_output(monkeypa
     out = attn.launch_attention(q, k, v, q_pos=pos, config=cfg)
     assert flags == [True] and not out.isnan().any()
     assert_close(out, attn.reference(q, clean_k, clean_v, q_pos=pos))
+
+
+def test_long_prefill_default_takes_tma_128_wide_key_tiles():
+    """From TMA_MIN_TQ queries (16-bit, no mask, RoPE not on load): TMA k/v in 128x128 tiles
+    at 3 stages, over SMEM_LIMIT but within SMEM_MAX; fewer than 128 keys keep the pointer
+    tiles (a 128-wide key tile would not be kept)."""
+    def p(tq, tk, dtype=torch.bfloat16, **kw):
+        return attn.problem(torch.empty(1, 32, tq, 128, device="meta", dtype=dtype),
+                            torch.empty(1, 8, tk, 128, device="meta", dtype=dtype),
+                            torch.empty(1, 8, tk, 128, device="meta", dtype=dtype), **kw)
+
+    long = p(attn.TMA_MIN_TQ, attn.TMA_MIN_TQ, causal=True)
+    cfg = attn.SPACE.default(long)
+    assert (cfg["TMA"], cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"]) == (1, 128, 128, 3)
+    assert attn.SPACE.keep(cfg, long) and attn._smem(cfg, long) <= attn.SMEM_MAX
+    for other in (p(attn.TMA_MIN_TQ // 2, attn.TMA_MIN_TQ // 2, causal=True),  # shorter
+                  p(attn.TMA_MIN_TQ, 64),  # cross-attention to 64 keys
+                  p(attn.TMA_MIN_TQ, attn.TMA_MIN_TQ, torch.float32),
+                  p(attn.TMA_MIN_TQ, attn.TMA_MIN_TQ, mask=torch.empty(1, 1, 1, 1, device="meta"))):
+        d = attn.SPACE.default(other)
+        assert d["TMA"] == 0 and attn.SPACE.keep(d, other)
+
+
+def test_a_tma_config_without_descriptors_reads_64_key_tiles(monkeypatch):
+    """k, v no descriptor can read (here: tma_ok says no): pointer loads, and the key tile
+    narrows to 64 (128-wide pointer tiles lost at every length probed)."""
+    q, k, v = _qkv(1, 2, 2, 40, 40, 32, torch.float16, _gen(7))
+    cfg = {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "SPLITS": 1, "TMA": 1}
+    seen = []
+    kernel = attn._attn_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                seen.append((meta["TMA"], meta["BLOCK_N"]))
+                return kernel[grid](*args, **meta)
+            return launch
+
+    monkeypatch.setattr(attn, "tma_ok", lambda *t: False)
+    monkeypatch.setattr(attn, "_attn_kernel", Spy())
+    _check(q, k, v, causal=True, config=cfg)
+    assert seen == [(False, 64)]

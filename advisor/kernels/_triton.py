@@ -39,9 +39,15 @@ def _interpreter_index_fix() -> None:
     if patch is None or getattr(patch, "advisor_squeezes", False):
         return
 
-    def patched(tensor, scope) -> None:
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+    def index(self) -> int:
+        return int(self.handle.data.squeeze())
+
+    def patched(tensor, *scope) -> None:  # triton 3.5+ passes a scope that restores after
+        patch(tensor, *scope)
+        if scope:
+            scope[0].set_attr(tensor, "__index__", index)
+        else:  # older: attributes set for good
+            tensor.__index__ = index
 
     patched.advisor_squeezes = True  # type: ignore[attr-defined]
     interpreter._patch_lang_tensor = patched

@@ -509,7 +509,7 @@ def _default(p: Problem) -> Config:
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": 3, "SPLITS": 1, "TMA": 0}
     while cfg["num_stages"] > 1 and _smem(cfg, p) > SMEM_LIMIT:
         cfg["num_stages"] -= 1
-    if (p["tq"] >= TMA_MIN_TQ and bm == 128 and _ELT.get(p["dtype"], 4) == 2
+    if (p["tq"] >= TMA_MIN_TQ and p["tk"] >= 128 and bm == 128 and _ELT.get(p["dtype"], 4) == 2
             and not p.get("mask") and not _rope_on_load(p)):
         # H100, session 17 (results/h100-s17A-attention-probe.json; causal, 32/8 heads,
         # d 128, bf16, µs at 2048 / 8192): k, v by TMA in 128x128 tiles, 8 warps, 3
@@ -630,6 +630,9 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
     pack = hq // hkv if tq <= DECODE_MAX_TQ else 1
     splits, bn = cfg["SPLITS"], cfg["BLOCK_N"]
     prefill = tq > DECODE_MAX_TQ and splits == 1
+    tma = bool(cfg.get("TMA", 0)) and prefill and rot == 0 and tma_ok(k, v)
+    if cfg.get("TMA", 0) and not tma:  # no descriptor for k or v: pointer loads, whose
+        bn = min(bn, 64)  # 128-wide key tiles lost at every length probed (see _default)
     grid = (triton.cdiv(pack * tq, cfg["BLOCK_M"]), b * hq // pack, splits)
     if prefill:
         grid = (grid[1], grid[0], 1)  # heads first (see _attn_kernel)
@@ -638,7 +641,6 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
     if splits > 1:  # fp32 scratch: partial acc and (m, l) of every split and out row
         acc = torch.empty((splits, b, hq, tq, d), dtype=torch.float32, device=q.device)
         ml = torch.empty((2, splits, b, hq, tq), dtype=torch.float32, device=q.device)
-    tma = bool(cfg.get("TMA", 0)) and prefill and rot == 0 and tma_ok(k, v)
     block = [1, 1, bn, _block_d(d)]
     kd, vd = (descriptor(k, block), descriptor(v, block)) if tma else (q, q)  # unused: dummies
     args = (q, k, v, kd, vd, c, s, m4 if m4 is not None else q, pos if pos is not None else q,

@@ -815,7 +815,8 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
         programs = min(_tiles(cfg, problem), sm_count(x2)) if persistent else _tiles(cfg, problem)
         compiled = _gemm_tma_kernel[(programs,)](
             descriptor(x2, [cfg["BLOCK_M"], cfg["BLOCK_K"]]), descriptor(w, [cfg["BLOCK_N"], cfg["BLOCK_K"]]),
-            b, r2, rs, y, m, n, k, r2.stride(0), y.stride(0), programs,
+            b, r2, rs, y, m, n, k, r2.stride(0), y.stride(0),
+            programs if persistent else 0,  # unused then: one value, one specialisation
             ROW_SCALE=norm is not None, EMULATE=emulate, PRECISION=precision,
             PERSISTENT=persistent, **flags, **tiles)
         return y.view(*x.shape[:-1], n), compiled
