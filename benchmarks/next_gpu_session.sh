@@ -121,7 +121,8 @@ coldstart)
 gemmsites)  # each GEMM site of the deep plan at its in-model shape: default TMA tiles against
   # the plain and persistent TMA forms, cuBLAS + ops and torch.compile (SITE_TOKENS, SITE_ONLY)
   for site in "qkv gemm_rmsnorm" "gateup rmsnorm_swiglu" "o gemm_epilogue" \
-              "down gemm_epilogue K=14336" "lmhead gemm_rmsnorm N=128256"; do
+              "down gemm_epilogue K=14336" "lmhead gemm_rmsnorm N=128256" \
+              "gateup_plain gemm_epilogue N=28672,residual=0"; do  # gate/up's work, one accumulator
     read -r name kernel dims <<< "$site"
     [[ -z "${SITE_ONLY:-}" || ",$SITE_ONLY," == *",$name,"* ]] || continue
     timeout ${SITE_S:-110} python3 benchmarks/bench_kernels.py --tokens ${SITE_TOKENS:-512,2048} --sweep 0 \
