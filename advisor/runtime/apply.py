@@ -101,7 +101,7 @@ class AdvisedModel(torch.nn.Module):
         self.original = model
         self.recipe = recipe
         self.length_of = length_of or sequence_length
-        self.buckets: dict[int, BucketState] = {b.max_len: BucketState(b.plan) for b in recipe.buckets}
+        self.buckets = _bucket_states(recipe)
         self._unfused = BucketState(UNFUSED)
         self._confirmed: dict[tuple, Any] = {}  # site confirmations shared across buckets
 
@@ -164,6 +164,9 @@ class AdvisedModel(torch.nn.Module):
                 })
             rows.append({
                 "bucket": bound, "family": "(all)", "compiles": state.compiles,
+                # buckets with this one's plan run its graph (`_bucket_states`): the counts
+                # and times of this row are theirs too
+                "graph_shared_with": [b for b, other in self.buckets.items() if other is state and b != bound],
                 "launches_before": sum(r.launches_before for r in state.reports),
                 "launches_after": sum(r.launches_after for r in state.reports),
                 "in_place_writes": sum(r.in_place_writes for r in state.reports),
@@ -186,6 +189,19 @@ class AdvisedModel(torch.nn.Module):
                 "cuda_graph_failures": state.graphs.failures if state.graphs else None,
             })
         return rows
+
+
+def _bucket_states(recipe: Recipe) -> dict[int, BucketState]:
+    """One state per bucket bound; buckets past one token whose plans are equal share one
+    (one symbolic trace, rewrite and set of confirmations serves all their lengths, as it
+    serves every length inside one bucket): a tuned recipe often gives 128, 512 and 2048
+    tokens the same plan, and each compile is seconds of cold start. The one-token bucket
+    keeps its own: it is traced with static shapes."""
+    states: dict[int, BucketState] = {}
+    for b in recipe.buckets:
+        same = [s for bound, s in states.items() if bound != 1 and b.max_len != 1 and s.plan == b.plan]
+        states[b.max_len] = same[0] if same else BucketState(b.plan)
+    return states
 
 
 def apply(model: torch.nn.Module, recipe: Recipe | Plan, *, strict: bool = False,
