@@ -166,7 +166,8 @@ class AdvisedModel(torch.nn.Module):
                 "bucket": bound, "family": "(all)", "compiles": state.compiles,
                 # buckets with this one's plan run its graph (`_bucket_states`): the counts
                 # and times of this row are theirs too
-                "graph_shared_with": [b for b, other in self.buckets.items() if other is state and b != bound],
+                "graph_shared_with": [b for b, other in self.buckets.items()
+                                      if other is state and b != bound],
                 "launches_before": sum(r.launches_before for r in state.reports),
                 "launches_after": sum(r.launches_after for r in state.reports),
                 "in_place_writes": sum(r.in_place_writes for r in state.reports),
