@@ -140,6 +140,17 @@ def test_tie_break_prefers_fewer_fusions_then_lower_trial():
     assert choose([Timed(1.0, a, 3), Timed(1.02, b, 1)]).number == 3  # 2% slower: not a tie
 
 
+def test_a_tie_goes_to_the_previous_buckets_plan():
+    """Equal plans share one compiled graph when applied: within the tie, the shorter
+    bucket's plan wins over fewer fusions; past the tie it does not."""
+    a = Plan(fusions=("rms_norm", "gated_act"))
+    b = Plan(fusions=("rms_norm",))
+    cands = [Timed(1.00, b, 3), Timed(1.008, a, 7)]
+    assert choose(cands, prefer=a).plan == a
+    assert choose(cands, prefer=None).plan == b
+    assert choose([Timed(1.0, b, 3), Timed(1.02, a, 7)], prefer=a).plan == b
+
+
 def test_classify_and_verify_length():
     assert classify(TrialFailed("nan")) == "nan"
     oom = type("OutOfMemoryError", (RuntimeError,), {})("CUDA out of memory")

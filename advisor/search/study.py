@@ -202,11 +202,14 @@ class Timed:
     max_error: float = 0.0
 
 
-def choose(cands: list[Timed], tie: float = TIE) -> Timed:
-    """Among candidates within `tie` of the fastest: fewest fusions, then lowest number."""
+def choose(cands: list[Timed], tie: float = TIE, prefer: Plan | None = None) -> Timed:
+    """Among candidates within `tie` of the fastest: `prefer` (the shorter bucket's plan:
+    equal plans share one compiled graph when applied, runtime/apply._bucket_states, so
+    a tie taken this way saves a trace, a rewrite and confirmations of cold start), then
+    fewest fusions, then lowest number."""
     fastest = min(c.ms for c in cands)
     near = [c for c in cands if c.ms <= fastest * (1 + tie)]
-    return min(near, key=lambda c: (len(c.plan.fusions), c.number))
+    return min(near, key=lambda c: (c.plan != prefer, len(c.plan.fusions), c.number))
 
 
 def _top(trials: list[FrozenTrial], k: int) -> list[Timed]:
@@ -298,7 +301,7 @@ class Budget:
 
 def tune_bucket(pool: WorkerPool, storage: Any, name: str, options: TuneOptions,
                 space: BucketSpace, unfused_ms: float, budget: Budget,
-                listener: Listener) -> BucketResult:
+                listener: Listener, prefer: Plan | None = None) -> BucketResult:
     run_id, length = uuid.uuid4().hex, space.length
     study = open_study(storage, name, options.seed + length)
     recover_stale(study)
@@ -326,7 +329,7 @@ def tune_bucket(pool: WorkerPool, storage: Any, name: str, options: TuneOptions,
                        timeout=timeout, n_jobs=options.workers, catch=(TrialFailed,),
                        callbacks=[progress])
     started = time.monotonic()
-    result = finish_bucket(study, name, space, pool, options, unfused_ms)
+    result = finish_bucket(study, name, space, pool, options, unfused_ms, prefer)
     budget.finish_s = max(budget.finish_s, time.monotonic() - started)
     result = replace(result, ran=sum(t.user_attrs.get("run") == run_id for t in finished(study)))
     listener.bucket_finished(result)
@@ -334,11 +337,11 @@ def tune_bucket(pool: WorkerPool, storage: Any, name: str, options: TuneOptions,
 
 
 def finish_bucket(study: optuna.Study, name: str, space: BucketSpace, pool: WorkerPool,
-                  options: TuneOptions, unfused_ms: float) -> BucketResult:
+                  options: TuneOptions, unfused_ms: float, prefer: Plan | None = None) -> BucketResult:
     trials = finished(study)
     top = _top(trials, options.retime_top)
     timed = retime(top, pool, space, options, unfused_ms)
-    best = choose(timed)
+    best = choose(timed, prefer=prefer)
     return BucketResult(length=space.length, study=name, plan=best.plan, unfused_ms=timed[0].ms,
                         tuned_ms=best.ms, max_error=best.max_error, trials=len(trials),
                         failures=failures(trials),
@@ -386,8 +389,11 @@ def tune(options: TuneOptions, listener: Listener | None = None) -> TuneResult:
         storage, where = open_storage(options)
         name = study_name(options, info["fingerprint"])
         budget = Budget(options.trials, deadline, len(spaces), options.time_budget_s or 0.0)
-        results = [tune_bucket(pool, storage, f"{name}-len{space.length}", options, space, ms,
-                               budget, listener) for space, ms in spaces]
+        results: list[BucketResult] = []
+        for space, ms in spaces:  # a tie goes to the previous bucket's plan (past one token)
+            prev = results[-1].plan if results and results[-1].length > 1 else None
+            results.append(tune_bucket(pool, storage, f"{name}-len{space.length}", options, space,
+                                       ms, budget, listener, prev))
         recipe = to_recipe(results, info, options)
         save_recipe(recipe, options.out)
     finally:
