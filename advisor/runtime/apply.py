@@ -5,7 +5,8 @@ routed to the bucket whose bound is the smallest >= the input's sequence length 
 the largest bucket: the recipe's `beyond_largest`, "largest" by default, or unfused).
 Each bucket is one `torch.compile(..., dynamic=True)` whose backend rewrites the aten graph
 with that bucket's plan and runs it as-is — so lengths inside a bucket reuse one graph and
-do not recompile (counted in `compiles`). A bucket of one token (routed by tokens, the
+do not recompile (counted in `compiles`); buckets whose plans are equal share that graph
+(one trace for all their lengths: cold start). A bucket of one token (routed by tokens, the
 default) holds one length, so it is traced with static shapes first (`dynamic=None`): the
 symbolic trace was about half of a first call (8 layers, CPU: 12.0 s against 6.6 s), and
 only another batch size or a growing cache would recompile it, once, dynamic. Calls run
