@@ -305,3 +305,24 @@ def test_confirmation_inputs_keep_the_models_strides():
         assert x.shape == value.shape and x.stride() == stride and (x != 0).all()
         copy = clone_laid_out(x)
         assert copy.stride() == stride and torch.equal(copy, x) and copy.data_ptr() != x.data_ptr()
+
+
+def test_a_config_the_site_does_not_keep_is_said_in_the_summary():
+    """A recipe's kernel config that no longer fits its site (here TMA=2, which only large
+    16-bit GEMMs keep) runs the default, and the summary says so for the site."""
+    from advisor.kernels import gemm
+    from advisor.kernels.space import encode
+
+    model = tiny_hf("Llama")
+    x = ids(7)
+    problem = {"M": 7, "N": 64, "K": 64, "dtype": "torch.float32", "gated": 0}
+    refused = encode({**gemm.SPACE.default(problem), "TMA": 2})
+    assert not gemm.SPACE.keep(gemm.SPACE.well_formed({**gemm.SPACE.default(problem), "TMA": 2}), problem)
+    fast = apply(model, Plan(("linear_residual",), configs={"linear_residual": refused}))
+    _check_close(fast(**x), model(**x), torch.float32)
+    (row,) = [r for r in fast.summary() if r["family"] == "linear_residual"]
+    assert row["applied"] > 0 and row["notes"], row
+    assert all("config not kept at this shape, the default ran: " in n and "TMA=2" in n for n in row["notes"])
+    plain = apply(model, Plan(("linear_residual",)))
+    plain(**x)
+    assert not [r for r in plain.summary() if r["family"] == "linear_residual"][0]["notes"]

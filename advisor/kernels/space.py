@@ -10,8 +10,10 @@ travels through custom ops and recipes as its canonical string form
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,23 @@ def decode(text: str) -> Config:
 
 def _keep_all(cfg: Config, problem: Problem) -> bool:
     return True
+
+
+# Configs `resolve` replaced by the problem's default, collected while `refused_configs` is
+# open (the rewrite's confirmation: a recipe's config that no longer fits its site is said).
+_REFUSED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("refused", default=None)
+
+
+@contextlib.contextmanager
+def refused_configs() -> Iterator[list[str]]:
+    """The configs (canonical text) that launches inside this block were given but ran
+    the default in place of, because `keep` refused them for their problem."""
+    refused: list[str] = []
+    token = _REFUSED.set(refused)
+    try:
+        yield refused
+    finally:
+        _REFUSED.reset(token)
 
 
 @dataclass(frozen=True)
@@ -76,7 +95,12 @@ class ConfigSpace:
             clean = self.well_formed(cfg)
         except ValueError as e:
             raise KernelInputError(f"config: {e}") from None
-        return clean if self.keep(clean, problem) else self.default(problem)
+        if self.keep(clean, problem):
+            return clean
+        refused = _REFUSED.get()
+        if refused is not None:
+            refused.append(encode(clean))
+        return self.default(problem)
 
     def well_formed(self, cfg: Mapping[str, int]) -> Config:
         """`cfg` as ints when it names every axis (those in `fill` may be omitted) and only

@@ -162,6 +162,7 @@ class AdvisedModel(torch.nn.Module):
                     "bucket": bound, "family": fam,
                     "applied": sum(s.applied for s in sites),
                     "unfused": sorted({f"{s.module}: {s.reason}" for s in sites if not s.applied}),
+                    "notes": sorted({f"{s.module}: {s.note}" for s in sites if s.note}),
                 })
             rows.append({
                 "bucket": bound, "family": "(all)", "compiles": state.compiles,

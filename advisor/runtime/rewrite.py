@@ -28,6 +28,7 @@ from advisor.graph.match import Match, launches
 from advisor.graph.patterns import find_all
 from advisor.graph.shape_only import memoize_shape_only
 from advisor.kernels.registry import all_kernels
+from advisor.kernels.space import refused_configs
 from advisor.kernels.testing import max_abs_error, max_violation, randn_nonzero, tolerance
 from advisor.runtime.causal_sdpa import read_marked_masks
 from advisor.runtime.direct import use_direct_calls
@@ -43,6 +44,17 @@ class SiteResult:
     applied: bool
     reason: str = ""          # why a site was left unfused
     max_error: float = 0.0
+    note: str = ""            # applied, but worth saying (a config that ran as the default)
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """A site signature that passed confirmation: its max error, and the configs its
+    kernels were given but ran their default in place of (not kept for the shapes
+    confirmed, i.e. the trace's example length)."""
+
+    max_error: float
+    refused: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -274,7 +286,7 @@ def _erase_dead(graph: fx.Graph, seeds: list[fx.Node]) -> None:
 
 
 def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
-            cache: dict[tuple, float | str] | None = None) -> RewriteReport:
+            cache: dict[tuple, Confirmed | str] | None = None) -> RewriteReport:
     """Apply `plan` to `gm` in place; returns what happened at every matched site.
 
     The graph is rewritten in rounds. Each round matches the whole graph once and takes
@@ -310,8 +322,9 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
                 t = time.perf_counter()
                 cache[key] = _confirm_or_reason(m, config)
                 confirming += time.perf_counter() - t
-            if isinstance(cache[key], str):
-                results.append(SiteResult(m.family, m.module, False, cache[key]))
+            confirmed = cache[key]
+            if isinstance(confirmed, str):
+                results.append(SiteResult(m.family, m.module, False, confirmed))
                 continue
             try:
                 replaced = emit(gm.graph, m, config)
@@ -327,7 +340,9 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
                 fqns = tuple(params.get(t.name, "") if t is not None else "" for t in tensors)
                 if fqns and all(fqns):
                     merged.append(fqns)
-            results.append(SiteResult(m.family, m.module, True, max_error=float(cache[key])))
+            note = ("config not kept at this shape, the default ran: " + "; ".join(confirmed.refused)
+                    if confirmed.refused else "")
+            results.append(SiteResult(m.family, m.module, True, max_error=confirmed.max_error, note=note))
         gm.graph.eliminate_dead_code()
     gm.graph.lint()
     # per-layer copies of one value (a decoder's additive mask, position arithmetic) and
@@ -346,11 +361,13 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
                          time.perf_counter() - start, confirming)
 
 
-def _confirm_or_reason(m: Match, config: str) -> float | str:
-    """The confirmed max error, or why the site must stay unfused."""
-    try:
-        return confirm(m, config)
-    except EmitError as exc:
-        return str(exc)
-    except Exception as exc:  # a kernel that fails to compile or run
-        return one_line(exc)
+def _confirm_or_reason(m: Match, config: str) -> Confirmed | str:
+    """What confirmation found, or why the site must stay unfused."""
+    with refused_configs() as refused:
+        try:
+            error = confirm(m, config)
+        except EmitError as exc:
+            return str(exc)
+        except Exception as exc:  # a kernel that fails to compile or run
+            return one_line(exc)
+    return Confirmed(error, tuple(sorted(set(refused))))
