@@ -132,15 +132,16 @@ def test_rope_on_load(interleaved, dtype):
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_rope_rotated_once_before_long_prefill(interleaved, monkeypatch):
-    """From ROTATE_ONCE_MIN_TQ queries (Tq == Tk), q and k are rotated by one rope_qk launch
-    and attended without RoPE on load: same result, every table form, partial rotary."""
+def test_rope_k_rotated_once_before_long_prefill(interleaved, monkeypatch):
+    """From ROTATE_ONCE_MIN_TQ queries (Tq == Tk), k is rotated by one rope launch and q on
+    load (k tiles then load plain, by TMA where it can): same result, every table form,
+    partial rotary."""
     gen = _gen(16)
     b, t, d = 2, 19, 32
     q, k, v = _qkv(b, 4, 2, t, t, d, torch.bfloat16, gen)
     calls = []
-    real = rope.launch_rope_qk
-    monkeypatch.setattr(rope, "launch_rope_qk", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = rope.launch_rope_k
+    monkeypatch.setattr(rope, "launch_rope_k", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     monkeypatch.setattr(attn, "ROTATE_ONCE_MIN_TQ", t)
     cos, sin = (randn_nonzero((b, t, 24), torch.bfloat16, CPU, gen, scale=0.7) for _ in range(2))
     _check(q, k, v, cos, sin, causal=True, interleaved=interleaved, config=_cfg(16, 16))
@@ -414,6 +415,22 @@ def test_tma_loads_of_k_and_v(monkeypatch, dtype, b, hq, hkv, tq, tk, d, causal,
     cfg = {**attn.SPACE.default(p), "TMA": 1}
     assert attn.SPACE.keep(cfg, p)
     _check(q, k, v, mask=mask, causal=causal, config=cfg)
+    assert flags == [True]
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_q_on_load_over_tma_k(monkeypatch, interleaved):
+    """k rotated once (Tq == Tk from ROTATE_ONCE_MIN_TQ), q rotated on load, k and v tiles
+    by TMA: partial rotary, per-batch tables."""
+    flags = _count_tma(monkeypatch)
+    monkeypatch.setattr(attn, "ROTATE_ONCE_MIN_TQ", 19)
+    gen = _gen(17)
+    q, k, v = _qkv(2, 4, 2, 19, 19, 32, torch.bfloat16, gen)
+    cos, sin = (randn_nonzero((2, 19, 24), torch.bfloat16, CPU, gen, scale=0.7) for _ in range(2))
+    p = attn.problem(q, k, v, cos, sin, causal=True, interleaved=interleaved)
+    cfg = {**attn.SPACE.default(p), "TMA": 1}
+    assert attn.SPACE.keep(cfg, p)
+    _check(q, k, v, cos, sin, causal=True, interleaved=interleaved, config=cfg)
     assert flags == [True]
 
 

@@ -63,10 +63,13 @@ from advisor.kernels.space import Config, ConfigSpace, Problem, decode
 from advisor.kernels.testing import randn_nonzero
 
 DECODE_MAX_TQ = 16  # Tq at or below this takes the decode path (packed heads, split-K)
-# From this many queries (Tq == Tk) RoPE is applied by one rope_qk launch before the kernel
-# instead of on load: on load, every query block re-rotates every K tile. H200 2026-12-02
-# (benchmarks/attention_probe.py): 31.2 -> 23.3 µs at 512 tokens, 267 -> 177 at 2048,
-# 2984 -> 1882 at 8192 (Llama-3-8B heads, causal, bf16). Below 512 not measured: on load.
+# From this many queries (Tq == Tk) k is rotated by one rope launch before the kernel and
+# only q on load: on load, every query block re-rotates every K tile (and k's partner and
+# cos/sin tiles crowd the pipeline out of TMA), while each program loads its q tile once.
+# H200 2026-12-02 (benchmarks/attention_probe.py; Llama-3-8B heads, causal, bf16), both on
+# load -> both by one rope_qk launch: 31.2 -> 23.3 µs at 512 tokens, 267 -> 177 at 2048,
+# 2984 -> 1882 at 8192. Rotating k alone moves Hkv/(Hq + Hkv) of those bytes (1/5 here).
+# Below 512 not measured: both on load.
 ROTATE_ONCE_MIN_TQ = 512
 TMA_MIN_TQ = 2048  # prefill from here: k, v by TMA in 128x128 tiles (the lengths measured)
 MAX_D = 256
@@ -323,7 +326,8 @@ def _attn_kernel(
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sc_b, sc_t, sm_b, sm_h, sm_i, sm_j,  # table strides (R contiguous); mask strides
     sp_b, sp_t,  # position strides
-    R: tl.constexpr,  # rotary dim (<= D, even); 0: no RoPE
+    R: tl.constexpr,  # rotary dim of q (<= D, even); 0: no RoPE
+    R_K: tl.constexpr,  # rotary dim of k tiles on load: R, or 0 (k rotated before, or no RoPE)
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_POS: tl.constexpr,
     INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr, INTERP_BF16: tl.constexpr,
     FINITE: tl.constexpr,  # no additive mask and qk_scale >= 0: unmasked blocks' scores finite
@@ -332,7 +336,7 @@ def _attn_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_TQ: tl.constexpr,  # next_power_of_2(Tq) when SPLIT and HAS_POS, else 1
     GDC: tl.constexpr,  # programmatic dependent launch (_triton.pdl_launch)
-    TMA: tl.constexpr = False,  # k, v tiles by descriptor (prefill, R = 0)
+    TMA: tl.constexpr = False,  # k, v tiles by descriptor (prefill, R_K = 0)
 ):
     gdc_enter(GDC)
     # grid = (cdiv(PACK·Tq, BLOCK_M), B·Hq/PACK, SPLITS); row r of the program's tile is
@@ -388,11 +392,11 @@ def _attn_kernel(
     kd_b, kd_h = b.to(tl.int32), kvh.to(tl.int32)  # descriptor coordinates (TMA)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, KD, VD, kd_b, kd_h, cos, sin, MASK,
                             mask_rows, i, row_ok, pos_i, lo, full, off, qk_scale, sk_t, sk_d,
-                            sv_t, sv_d, sc_t, sm_j, D, R, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED,
+                            sv_t, sv_d, sc_t, sm_j, D, R_K, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED,
                             False, FINITE, EVEN_D, INTERP_BF16, TMA, BLOCK_N, BLOCK_D)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, KD, VD, kd_b, kd_h, cos, sin, MASK,
                             mask_rows, i, row_ok, pos_i, full, hi, off, qk_scale, sk_t, sk_d,
-                            sv_t, sv_d, sc_t, sm_j, D, R, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED,
+                            sv_t, sv_d, sc_t, sm_j, D, R_K, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED,
                             True, False, EVEN_D, INTERP_BF16, TMA, BLOCK_N, BLOCK_D)
 
     d = tl.arange(0, BLOCK_D)
@@ -486,9 +490,15 @@ def _keep(cfg: Config, p: Problem) -> bool:
     )
 
 
+def _k_on_load(tq: int, tk: int) -> bool:
+    """With RoPE, k tiles are rotated as they are loaded: below ROTATE_ONCE_MIN_TQ queries
+    or Tq != Tk. Otherwise one launch rotates k before the kernel (`_rotate_k_once`)."""
+    return not tq == tk >= ROTATE_ONCE_MIN_TQ
+
+
 def _rope_on_load(p: Problem) -> bool:
-    """RoPE rotates k tiles as they are loaded (below ROTATE_ONCE_MIN_TQ, or Tq != Tk)."""
-    return bool(p.get("rope")) and not p["tq"] == p["tk"] >= ROTATE_ONCE_MIN_TQ
+    """RoPE rotates k tiles as they are loaded (see `_k_on_load`); q is always on load."""
+    return bool(p.get("rope")) and _k_on_load(p["tq"], p["tk"])
 
 
 def _default(p: Problem) -> Config:
@@ -630,7 +640,8 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
     pack = hq // hkv if tq <= DECODE_MAX_TQ else 1
     splits, bn = cfg["SPLITS"], cfg["BLOCK_N"]
     prefill = tq > DECODE_MAX_TQ and splits == 1
-    tma = bool(cfg.get("TMA", 0)) and prefill and rot == 0 and tma_ok(k, v)
+    rot_k = rot if _k_on_load(tq, tk) else 0  # else k came rotated (`_rotate_k_once`)
+    tma = bool(cfg.get("TMA", 0)) and prefill and rot_k == 0 and tma_ok(k, v)
     if cfg.get("TMA", 0) and not tma:  # no descriptor for k or v: pointer loads, whose
         bn = min(bn, 64)  # 128-wide key tiles lost at every length probed (see _default)
     grid = (triton.cdiv(pack * tq, cfg["BLOCK_M"]), b * hq // pack, splits)
@@ -650,7 +661,8 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
             scale * math.log2(math.e),  # qk_scale: exp(x) = exp2(x · log2 e)
             *q.stride(), *k.stride(), *v.stride(),
             0 if c.shape[0] == 1 else c.stride(0), c.stride(1), *mask_strides, *pos_strides)
-    meta = {"R": rot, "CAUSAL": bool(causal), "HAS_MASK": m4 is not None, "HAS_POS": pos is not None,
+    meta = {"R": rot, "R_K": rot_k, "CAUSAL": bool(causal), "HAS_MASK": m4 is not None,
+            "HAS_POS": pos is not None,
             "INTERLEAVED": bool(interleaved) and rot > 0, "SPLIT": splits > 1,
             "INTERP_BF16": interpreting() and q.dtype == torch.bfloat16,
             "FINITE": m4 is None and scale >= 0, "EVEN_D": d == _block_d(d), "PREFILL": prefill,
@@ -669,14 +681,13 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
     return out, compiled
 
 
-def _rotate_once(q, k, cos, sin, interleaved):
-    """(q, k, cos, sin) for the kernel: from ROTATE_ONCE_MIN_TQ queries (Tq == Tk), q and k
-    rotated by one rope_qk launch (same rounding as on load: fp32, rounded once) and no
-    tables; otherwise as given (RoPE on load)."""
-    if cos is not None and q.shape[2] == k.shape[2] >= ROTATE_ONCE_MIN_TQ:
-        q, k = rope.launch_rope_qk(q, k, cos, sin, interleaved)
-        return q, k, None, None
-    return q, k, cos, sin
+def _rotate_k_once(q, k, cos, sin, interleaved) -> torch.Tensor:
+    """k for the kernel: rotated by one rope launch where the kernel will not rotate it on
+    load (`_k_on_load`; same rounding as on load: fp32, rounded once), else as given. q is
+    rotated on load either way: each program loads its q tile once."""
+    if cos is not None and not _k_on_load(q.shape[2], k.shape[2]):
+        return rope.launch_rope_k(k, cos, sin, interleaved)
+    return k
 
 
 def _causal_for_mask(q, k, mask, causal) -> tuple[Any, bool]:
@@ -693,7 +704,7 @@ def launch_attention(q, k, v, cos=None, sin=None, mask=None, causal: bool = Fals
     """Attention of q (B, Hq, Tq, D) over k, v (B, Hkv, Tk, D); RoPE iff cos is given.
     Returns a new contiguous (B, Hq, Tq, D) tensor (`reference_op` semantics)."""
     mask, causal = _causal_for_mask(q, k, mask, causal)
-    q, k, cos, sin = _rotate_once(q, k, cos, sin, interleaved)
+    k = _rotate_k_once(q, k, cos, sin, interleaved)
     cfg, tables, m4, pos = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos)
     return _run(q, k, v, tables, m4, causal, scale, interleaved, cfg, pos=pos)[0]
 
@@ -706,7 +717,7 @@ def spills_attention(q, k, v, cos=None, sin=None, mask=None, causal=False, scale
         _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos)  # input checks
         return None
     mask, causal = _causal_for_mask(q, k, mask, causal)  # the kernel that would run
-    q, k, cos, sin = _rotate_once(q, k, cos, sin, interleaved)
+    k = _rotate_k_once(q, k, cos, sin, interleaved)
     cfg, tables, m4, pos = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos)
     res = resources(_run(q, k, v, tables, m4, causal, scale, interleaved, cfg, True, pos)[1])
     return None if res is None else res.n_spills

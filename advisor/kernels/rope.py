@@ -358,6 +358,12 @@ def launch_rope_qk(q, k, cos, sin, interleaved: bool = False,
     return _run(q, k, None, cos, sin, ko, None, None, interleaved, config)[0], ko
 
 
+def launch_rope_k(k, cos, sin, interleaved: bool = False,
+                  config: Mapping[str, int] | None = None) -> torch.Tensor:
+    """Rotate k (B, H, T, D) alone (any strides): `launch_rope_qk` with no q heads."""
+    return launch_rope_qk(k[:, :0], k, cos, sin, interleaved, config)[1]
+
+
 def launch_rope_qk_cache(q, k, v, cos, sin, k_cache, v_cache, cache_position,
                          interleaved: bool = False,
                          config: Mapping[str, int] | None = None) -> torch.Tensor:
