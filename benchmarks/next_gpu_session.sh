@@ -12,8 +12,9 @@
 #   all     one ~580 s command: analyze 1/512, bench RECIPE at 1/128/512/2048, the rope_table
 #           plan at 1 token, ablate 1/512, four memory-bound kernels at 2048/8192
 #   coldstart  benchmarks/cold_start.py in fresh processes at 1 token, cold then warm caches:
-#           PLAN (default RECIPE: on another card, pass one whose environment is empty) and
-#           torch.compile reduce-overhead -> $OUT/coldstart-*.json
+#           PLAN (default RECIPE: on another card, pass one whose environment is empty; per
+#           COLD_THREADS confirmation-thread count) and torch.compile reduce-overhead
+#           -> $OUT/coldstart-*.json
 #   attention  attention_probe.py at 512/2048/8192: ours + RoPE vs RoPE + SDPA, eager/compiled;
 #           SDPA and ours reading the materialised causal mask, and ours on it marked causal
 #   prefill profile_prefill.py: kernels per forward, RECIPE vs reduce-overhead (PROFILE_TOKENS;
@@ -109,12 +110,20 @@ deep)  # where the GEMM-family plan loses in the model (session 16 run D): kerne
   done ;;
 coldstart)
   PLAN=${PLAN:-$RECIPE}  # a recipe's one-token bucket is traced static (a plan file: symbolic)
-  export TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
-  for cache in cold warm; do
-    timeout 120 python3 benchmarks/cold_start.py --recipe "$PLAN" --tokens 1 \
-      --json "$OUT/coldstart-advisor-$cache.json" >> "$OUT/coldstart.log" 2>&1
-    timeout 120 python3 benchmarks/cold_start.py --compile reduce-overhead --tokens 1 \
-      --json "$OUT/coldstart-compile-ro-$cache.json" >> "$OUT/coldstart.log" 2>&1
+  # COLD_THREADS: confirmation threads per advisor variant ("1 default": one at a time, then
+  # rewrite.confirm_workers'); each variant and compile get fresh cache folders, cold then warm
+  for threads in ${COLD_THREADS:-default} compile; do
+    export TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
+    for cache in cold warm; do
+      if [ "$threads" = compile ]; then
+        timeout 120 python3 benchmarks/cold_start.py --compile reduce-overhead --tokens 1 \
+          --json "$OUT/coldstart-compile-ro-$cache.json" >> "$OUT/coldstart.log" 2>&1
+      else
+        ADVISOR_CONFIRM_THREADS=$([ "$threads" = default ] || echo "$threads") timeout 120 \
+          python3 benchmarks/cold_start.py --recipe "$PLAN" --tokens 1 \
+          --json "$OUT/coldstart-advisor-t$threads-$cache.json" >> "$OUT/coldstart.log" 2>&1
+      fi
+    done
   done
   unset TRITON_CACHE_DIR TORCHINDUCTOR_CACHE_DIR
   grep " to first forward" "$OUT/coldstart.log" ;;

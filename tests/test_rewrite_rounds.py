@@ -41,3 +41,46 @@ def test_rounds_do_not_grow_with_layers(monkeypatch):
     # linear in layers: each added layer rewritten to the same kernels
     assert after[6] - after[4] == after[4] - after[2] > 0, after
     assert applied[6] - applied[4] == applied[4] - applied[2] > 0, applied
+
+
+def test_confirmations_run_ahead_in_threads_as_the_loop_would(monkeypatch):
+    """Each round's new site signatures are confirmed at once in worker threads (their
+    kernels' compiles overlap), with the caller's context (PDL) and no confirmation the
+    loop would not have made: same sites, same count as one at a time."""
+    import threading
+
+    from advisor.kernels._triton import _PDL, programmatic_launch
+
+    calls = []
+
+    def fake_confirm(m, config, seed=0):
+        calls.append((threading.current_thread() is threading.main_thread(), _PDL.get()))
+        return 0.0
+
+    monkeypatch.setattr(rw, "confirm", fake_confirm)
+    runs = {}
+    for workers in (1, 4):
+        monkeypatch.setattr(rw, "confirm_workers", lambda w=workers: w)
+        calls.clear()
+        gm, params = _decoder_step(3)
+        with programmatic_launch(True):
+            report = rw.rewrite(gm, params, ALL_FUSIONS)
+        runs[workers] = ([(s.family, s.module, s.applied) for s in report.sites], list(calls))
+    (sites1, calls1), (sites4, calls4) = runs[1], runs[4]
+    assert sites4 == sites1 and len(calls4) == len(calls1) > 2
+    assert all(main for main, _ in calls1) and not all(main for main, _ in calls4)
+    assert all(pdl for _, pdl in calls1 + calls4)
+
+
+def test_confirm_ahead_skips_known_signatures_and_keeps_failures(monkeypatch):
+    seen = []
+    monkeypatch.setattr(rw, "_confirm_or_reason",
+                        lambda m, config: seen.append(config) or ("bad" if config == "b" else rw.Confirmed(0.0)))
+    monkeypatch.setattr(rw, "site_signature", lambda m, config: (config,))
+    cache = {("a",): rw.Confirmed(1.0)}
+    rw.confirm_ahead([(None, "a"), (None, "b"), (None, "c"), (None, "c")], cache, workers=3)
+    assert sorted(seen) == ["b", "c"]  # "a" known, "c" once
+    assert cache[("a",)].max_error == 1.0 and cache[("b",)] == "bad" and cache[("c",)].max_error == 0.0
+    seen.clear()
+    rw.confirm_ahead([(None, "d")], cache, workers=3)  # one new signature: the loop's turn
+    assert seen == [] and ("d",) not in cache

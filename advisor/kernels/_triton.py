@@ -12,6 +12,7 @@ import contextvars
 import functools
 import importlib.util
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -194,6 +195,39 @@ def descriptor(t: torch.Tensor, block_shape: list[int]) -> Any:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     return TensorDescriptor.from_tensor(t, block_shape)
+
+
+# --------------------------------------------------------------------------- warm start
+# Triton's per-process setup — its cache key (a hash of its own sources and of libtriton,
+# read once per process: 1.05 s of the H100's first call under cProfile, session 14) and
+# the CUDA driver's utilities — is paid by the first compile or cache lookup. Started when
+# a recipe is applied, it runs while dynamo traces the first call (hashing and file reads
+# leave the GIL), and the rewrite waits for it before any kernel is compiled.
+_warming: threading.Thread | None = None
+
+
+def _triton_setup() -> None:
+    try:
+        from triton.runtime.cache import triton_key
+
+        triton_key()
+        triton.runtime.driver.active.get_current_device()
+    except Exception:  # an optimisation only: the first compile does it, as before
+        pass
+
+
+def warm_start() -> None:
+    """Start Triton's per-process setup in a thread, once (CUDA, compiled kernels only)."""
+    global _warming
+    if _warming is None and not interpreting() and torch.cuda.is_available():
+        _warming = threading.Thread(target=_triton_setup, name="advisor-triton-setup", daemon=True)
+        _warming.start()
+
+
+def warm_wait() -> None:
+    """Until `warm_start`'s thread is done (none started: at once)."""
+    if _warming is not None:
+        _warming.join()
 
 
 @triton.jit

@@ -30,7 +30,7 @@ from torch import fx
 
 from advisor.errors import RecipeError
 from advisor.graph.capture import aten_backend
-from advisor.kernels._triton import programmatic_launch
+from advisor.kernels._triton import programmatic_launch, warm_start, warm_wait
 from advisor.runtime.cudagraph import GraphCache
 from advisor.runtime.outside_graph import entered
 from advisor.runtime.plan import UNFUSED, Plan
@@ -115,6 +115,7 @@ class AdvisedModel(torch.nn.Module):
 
         def on_graph(gm: fx.GraphModule, params: dict[str, str], example: list[Any]) -> Callable[..., Any]:
             state.compiles += 1
+            warm_wait()  # Triton's setup, started by `apply`, done before the first compile
             report = rewrite(gm, params, state.plan, self._confirmed)
             for group in report.merged_weights:
                 arrange(model, group)
@@ -225,4 +226,5 @@ def apply(model: torch.nn.Module, recipe: Recipe | Plan, *, strict: bool = False
         recipe = Recipe(buckets=tuple(Bucket(b.max_len, UNFUSED, b.measured) for b in recipe.buckets),
                         model=recipe.model, environment=recipe.environment,
                         beyond_largest=recipe.beyond_largest)
+    warm_start()  # Triton's per-process setup, while the first call traces
     return AdvisedModel(model, recipe, length_of=length_of)

@@ -9,10 +9,13 @@ confirmed once. A site that fails is left unfused and reported with the reason.
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import dataclasses
+import os
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +30,7 @@ from advisor.graph.inplace import batch_input_increments, write_inputs_in_place
 from advisor.graph.match import Match, launches
 from advisor.graph.patterns import find_all
 from advisor.graph.shape_only import memoize_shape_only
+from advisor.kernels._triton import interpreting
 from advisor.kernels.registry import all_kernels
 from advisor.kernels.space import refused_configs
 from advisor.kernels.testing import max_abs_error, max_violation, randn_nonzero, tolerance
@@ -307,7 +311,11 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
     progress = True
     while progress:
         progress, changed, deferred, new_of = False, set(), set(), {}
-        for m in find_all(gm, params):
+        matches = find_all(gm, params)
+        t = time.perf_counter()
+        confirm_ahead(_round_sites(matches, plan, tried), cache)
+        confirming += time.perf_counter() - t
+        for m in matches:
             if m.kernel is None or m.family not in plan.fusions or _site_key(m) in tried:
                 continue
             m = _remapped(m, new_of)
@@ -359,6 +367,60 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
     return RewriteReport(tuple(results), before, _count_launches(gm), tuple(merged), in_place,
                          repeats, increments, memoized, causal_sdpa, outside,
                          time.perf_counter() - start, confirming)
+
+
+def _round_sites(matches: list[Match], plan: Plan, tried: set) -> list[tuple[Match, str]]:
+    """The (site, config) pairs a round will confirm, as its loop takes them: a site
+    holding a node an earlier site of the round takes waits (the loop's own test, less
+    the erased-operand case it finds only while rewriting)."""
+    taken, waiting, sites = set(), set(), []
+    for m in matches:
+        if m.kernel is None or m.family not in plan.fusions or _site_key(m) in tried:
+            continue
+        own = set(m.nodes) - set(m.shared)
+        if own & taken or own & waiting:
+            waiting |= own
+            continue
+        taken |= own
+        sites.append((m, plan.config_for(m.family)))
+    return sites
+
+
+def confirm_workers() -> int:
+    """Threads for confirmations: their kernels' first compiles are mostly outside the
+    GIL (LLVM, ptxas, the launcher's C build; triton 3.6, 2 CPU cores: 4 compiles 1.30 s
+    in turn, 0.73 s at once). One under the interpreter (it patches triton.language while
+    it runs) and off CUDA (nothing compiles). ADVISOR_CONFIRM_THREADS sets the count
+    (1: one at a time, as before)."""
+    if interpreting() or not torch.cuda.is_available():
+        return 1
+    asked = os.environ.get("ADVISOR_CONFIRM_THREADS", "")
+    return max(1, int(asked) if asked.isdigit() else min(8, (os.cpu_count() or 1) // 2))
+
+
+def confirm_ahead(sites: list[tuple[Match, str]], cache: dict[tuple, Confirmed | str],
+                  workers: int | None = None) -> None:
+    """Confirm the sites' new signatures at once, into `cache` (what the rewrite loop then
+    reads): each in its own thread with a copy of the caller's context (PDL, device), so
+    its kernels compile and launch as the loop's would."""
+    todo: dict[tuple, tuple[Match, str]] = {}
+    for m, config in sites:
+        todo.setdefault(site_signature(m, config), (m, config))
+    todo = {k: v for k, v in todo.items() if k not in cache}
+    workers = confirm_workers() if workers is None else workers
+    if len(todo) < 2 or workers < 2:
+        return  # the loop confirms in turn
+    device = torch.cuda.current_device() if torch.cuda.is_available() else None
+
+    def run(m: Match, config: str) -> Confirmed | str:
+        if device is not None:
+            torch.cuda.set_device(device)
+        return _confirm_or_reason(m, config)
+
+    with ThreadPoolExecutor(min(workers, len(todo))) as pool:
+        futures = {k: pool.submit(contextvars.copy_context().run, run, m, config)
+                   for k, (m, config) in todo.items()}
+        cache.update({k: f.result() for k, f in futures.items()})
 
 
 def _confirm_or_reason(m: Match, config: str) -> Confirmed | str:
