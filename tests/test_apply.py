@@ -326,3 +326,22 @@ def test_a_config_the_site_does_not_keep_is_said_in_the_summary():
     plain = apply(model, Plan(("linear_residual",)))
     plain(**x)
     assert not [r for r in plain.summary() if r["family"] == "linear_residual"][0]["notes"]
+
+
+def test_confirmations_at_once_inside_a_real_trace(monkeypatch):
+    """Each round's confirmations run in threads inside dynamo's trace, whose one fake
+    mode they share (graph building takes turns): every site confirms and applies as one
+    at a time does. Kernels run their references here (TRITON_INTERPRET=0 on the CPU: the
+    interpreter is not thread-safe, so the runtime keeps one thread under it)."""
+    from advisor.runtime import rewrite as rw
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    mf = load_model_file("examples/llama_hf.py")
+    sites = {}
+    for workers in (1, 8):
+        monkeypatch.setattr(rw, "confirm_workers", lambda w=workers: w)
+        fast = apply(build(mf, CPU, torch.float32), Recipe(buckets=(Bucket(8, ALL_FUSIONS),)))
+        call(fast, inputs_for(mf, 5, 2, CPU))
+        sites[workers] = [(r["family"], r["applied"], r["unfused"]) for r in fast.summary() if "applied" in r]
+    assert sites[8] == sites[1]
+    assert all(not unfused for _, _, unfused in sites[8]) and sum(n for _, n, _ in sites[8]) > 8

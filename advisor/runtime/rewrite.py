@@ -13,6 +13,7 @@ import contextvars
 import copy
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -76,6 +77,14 @@ class RewriteReport:
     seconds: float = 0.0  # host time of the whole rewrite (part of a first call's cold start)
     confirm_seconds: float = 0.0  # of which confirming sites (their kernels' first compiles too)
 
+
+# Building a site's graphs infers each new node's fake value under the trace's one
+# FakeTensorMode, whose state (enter stack, in-kernel flag) is the object's, not the
+# thread's: confirmations running at once (`confirm_ahead`) take turns there (and in
+# reading fake values) and run their kernels (the compiles) side by side. Without it,
+# H100 session 18 run A: sites failed with "fake_mode.in_kernel_invocation must be
+# False" or "META device type not an accelerator" and stayed unfused.
+_GRAPH_LOCK = threading.Lock()
 
 RANDOM_POSITIONS = 8192  # integer operands are confirmed with random values below this
 
@@ -192,22 +201,26 @@ def confirm(m: Match, config: str, seed: int = 0) -> float:
     intermediate to bf16; a kernel that keeps fp32 inside can differ from eager by more
     than the tolerance exactly where eager is the less accurate of the two, e.g. RoPE's
     x·cos + r·sin cancelling.)"""
-    ref_gm, inputs, _ = extract(m)
-    fused_gm, _, local = extract(m)
-    emit(fused_gm.graph, local, config)
-    fused_gm.graph.eliminate_dead_code()
-    use_direct_calls(fused_gm)  # confirm exactly what will run
-    gen = Generators(seed)
     # Compilers run under the tracer's fake mode: confirm on real tensors.
-    with unset_fake_temporarily(), torch.inference_mode():
+    with _GRAPH_LOCK, unset_fake_temporarily(), torch.inference_mode():
+        ref_gm, inputs, _ = extract(m)
+        fused_gm, _, local = extract(m)
+        emit(fused_gm.graph, local, config)
+        fused_gm.graph.eliminate_dead_code()
+        use_direct_calls(fused_gm)  # confirm exactly what will run
+        # fake values read here too: one reads "meta" as its device while another thread
+        # is inside the fake mode (in_kernel_invocation)
+        gen = Generators(seed)
         args = [random_like(n, gen, m.operands.get("slots"), m.operands.get("keys")) for n in inputs]
+    with unset_fake_temporarily(), torch.inference_mode():
         # Each side on its own copy: a match may write its inputs in place (a KV cache).
         want = ref_gm(*[clone_laid_out(a) for a in args])
         got = fused_gm(*[clone_laid_out(a) for a in args])
         try:
             return _compare(want, got)
         except EmitError as mismatch:
-            truth = _in_float64(ref_gm, args)
+            with _GRAPH_LOCK:  # rare (a mismatch): the float64 rerun takes turns too
+                truth = _in_float64(ref_gm, args)
             if truth is None or not _as_accurate(got, want, truth):
                 raise mismatch from None
             return max(max_abs_error(g, w) for g, w in zip(got, want))
