@@ -70,3 +70,30 @@ def test_tune_worker_judges_bf16_against_an_fp32_copy():
     with pytest.raises(TrialFailed, match="mismatch"):
         _verify((ref.float() * 1.5 + 0.1).bfloat16(), ref, ctx, 8, 3)
     assert ctx.fp32 is fp32
+
+
+def test_comparisons_in_slices_find_what_the_whole_tensor_shows(monkeypatch):
+    """max_violation / max_abs_error work through float64 slices on the tensors' device
+    (logits of 2048 x 128256 in one float64 copy on the host took seconds): the same
+    answers when the worst element, a NaN or an inf sits in a later slice, and for a
+    transposed view."""
+    from advisor.kernels import testing
+
+    tol = tolerance(torch.float32)
+    ref = torch.randn(13, 11, generator=torch.Generator().manual_seed(2))
+    out = ref + 1e-6
+    out[12, 3] += 0.5  # the worst, in the last slice
+    whole = (max_violation(out, ref, tol), testing.max_abs_error(out, ref))
+    monkeypatch.setattr(testing, "CHUNK", 10)
+    assert (max_violation(out, ref, tol), testing.max_abs_error(out, ref)) == whole
+    assert abs(whole[1] - 0.5) < 1e-5
+    nan = out.clone()
+    nan[11, 0] = float("nan")
+    assert max_violation(nan, ref, tol) == float("inf") and testing.max_abs_error(nan, ref) == float("inf")
+    inf_ref, inf_out = ref.clone(), ref.clone()
+    inf_ref[10, 1] = inf_out[10, 1] = float("inf")
+    assert max_violation(inf_out, inf_ref, tol) <= 0
+    inf_out[10, 1] = float("-inf")
+    assert max_violation(inf_out, inf_ref, tol) == float("inf")
+    assert max_violation(ref.t().contiguous().t(), ref, tol) <= 0  # strided view, same values
+    assert testing.max_abs_error(torch.empty(0), torch.empty(0)) == 0.0
