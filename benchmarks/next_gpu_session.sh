@@ -111,7 +111,8 @@ deep)  # where the GEMM-family plan loses in the model (session 16 run D): kerne
 coldstart)
   PLAN=${PLAN:-$RECIPE}  # a recipe's one-token bucket is traced static (a plan file: symbolic)
   # COLD_THREADS: confirmation threads per advisor variant ("1 default": one at a time, then
-  # rewrite.confirm_workers'); each variant and compile get fresh cache folders, cold then warm
+  # rewrite.confirm_workers'; "default-nosetup": without Triton's setup thread); each
+  # variant and compile get fresh cache folders, cold then warm
   for threads in ${COLD_THREADS:-default} compile; do
     export TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
     for cache in cold warm; do
@@ -119,7 +120,8 @@ coldstart)
         timeout 120 python3 benchmarks/cold_start.py --compile reduce-overhead --tokens 1 \
           --json "$OUT/coldstart-compile-ro-$cache.json" >> "$OUT/coldstart.log" 2>&1
       else
-        ADVISOR_CONFIRM_THREADS=$([ "$threads" = default ] || echo "$threads") timeout 120 \
+        ADVISOR_CONFIRM_THREADS=$([ "$threads" = default ] || echo "${threads%-nosetup}") \
+          ADVISOR_TRITON_SETUP=$([[ "$threads" == *-nosetup ]] && echo 0 || echo 1) timeout 120 \
           python3 benchmarks/cold_start.py --recipe "$PLAN" --tokens 1 \
           --json "$OUT/coldstart-advisor-t$threads-$cache.json" >> "$OUT/coldstart.log" 2>&1
       fi

@@ -217,9 +217,11 @@ def _triton_setup() -> None:
 
 
 def warm_start() -> None:
-    """Start Triton's per-process setup in a thread, once (CUDA, compiled kernels only)."""
+    """Start Triton's per-process setup in a thread, once (CUDA, compiled kernels only;
+    ADVISOR_TRITON_SETUP=0: not at all, the first compile does it)."""
     global _warming
-    if _warming is None and not interpreting() and torch.cuda.is_available():
+    if (_warming is None and not interpreting() and torch.cuda.is_available()
+            and os.environ.get("ADVISOR_TRITON_SETUP", "1") != "0"):
         _warming = threading.Thread(target=_triton_setup, name="advisor-triton-setup", daemon=True)
         _warming.start()
 
