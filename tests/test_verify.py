@@ -97,3 +97,7 @@ def test_comparisons_in_slices_find_what_the_whole_tensor_shows(monkeypatch):
     assert max_violation(inf_out, inf_ref, tol) == float("inf")
     assert max_violation(ref.t().contiguous().t(), ref, tol) <= 0  # strided view, same values
     assert testing.max_abs_error(torch.empty(0), torch.empty(0)) == 0.0
+    # flattening must not make other shapes match: a (B·T, N) output for a (B, T, N) one
+    assert testing.max_abs_error(ref.reshape(11, 13), ref) == float("inf")
+    assert testing.max_abs_error(torch.empty(0), ref) == float("inf")
+    assert max_violation(ref.reshape(11, 13), ref, tol) == float("inf")

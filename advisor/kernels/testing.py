@@ -74,7 +74,10 @@ def max_violation(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> float
 
 
 def max_abs_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |out - ref| in float64 (inf where either is NaN); 0.0 for empty tensors."""
+    """max |out - ref| in float64 (inf where either is NaN, or if the shapes differ); 0.0
+    for empty tensors."""
+    if out.shape != ref.shape:
+        return float("inf")
     return max((float(torch.nan_to_num((o - r).abs(), nan=float("inf")).max())
                 for o, r in _pairs(out, ref)), default=0.0)
 

@@ -226,5 +226,6 @@ def apply(model: torch.nn.Module, recipe: Recipe | Plan, *, strict: bool = False
         recipe = Recipe(buckets=tuple(Bucket(b.max_len, UNFUSED, b.measured) for b in recipe.buckets),
                         model=recipe.model, environment=recipe.environment,
                         beyond_largest=recipe.beyond_largest)
-    warm_start()  # Triton's per-process setup, while the first call traces
+    if any(p.is_cuda for p in model.parameters()):
+        warm_start()  # Triton's per-process setup, while the first call traces
     return AdvisedModel(model, recipe, length_of=length_of)
