@@ -39,6 +39,8 @@ def test_examples_all_fusions_match_and_do_not_recompile(path):
     assert [r["graph_shared_with"] for r in totals] == [[32], [8]]
     # cold-start accounting: the rewrite's host time, confirmations part of it
     assert all(r["rewrite_s"] >= r["confirm_s"] >= 0 and r["rewrite_s"] > 0 for r in totals), totals
+    # the first call holds its trace (before the first rewrite) and the rewrite
+    assert all(r["first_call_s"] >= r["trace_s"] + r["rewrite_s"] and r["trace_s"] > 0 for r in totals), totals
     assert all(r["launches_after"] < r["launches_before"] for r in totals)
     applied = {r["family"]: r["applied"] for r in summary if r["bucket"] == 8 and "applied" in r}
     # Deepest first: norms folded into the projections that read them (into gate/up with

@@ -49,6 +49,8 @@ class BucketState:
     reports: list[RewriteReport] = field(default_factory=list)
     graphs: GraphCache | None = None
     first_call_s: float = 0.0  # the bucket's first call: trace, rewrite, warm-ups, capture
+    trace_s: float = 0.0  # of which before the first rewrite: dynamo's trace and AOTAutograd
+    started: float | None = None  # perf_counter at the first call's start, while it runs
 
 
 def sequence_length(args: tuple, kwargs: dict) -> int:
@@ -115,6 +117,8 @@ class AdvisedModel(torch.nn.Module):
 
         def on_graph(gm: fx.GraphModule, params: dict[str, str], example: list[Any]) -> Callable[..., Any]:
             state.compiles += 1
+            if state.started is not None and not state.trace_s:
+                state.trace_s = time.perf_counter() - state.started
             warm_wait()  # Triton's setup, started by `apply`, done before the first compile
             report = rewrite(gm, params, state.plan, self._confirmed)
             for group in report.merged_weights:
@@ -137,6 +141,7 @@ class AdvisedModel(torch.nn.Module):
             if state.plan.cuda_graph and torch.cuda.is_available():
                 state.graphs = GraphCache(state.fn)  # replays never enter dynamo
         start = time.perf_counter()
+        state.started = start if first else None
         with torch.no_grad(), programmatic_launch(state.plan.pdl):
             if state.graphs is not None:  # captures launch (and record) PDL; replays launch nothing
                 out = state.graphs(*args, **kwargs)
@@ -146,6 +151,7 @@ class AdvisedModel(torch.nn.Module):
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             state.first_call_s = time.perf_counter() - start
+            state.started = None
         return out
 
     def remove(self) -> torch.nn.Module:
@@ -181,8 +187,10 @@ class AdvisedModel(torch.nn.Module):
                 "outputs_outside_graph": sum(r.outputs_outside_graph for r in state.reports),
                 # the bucket's first call (cold start); the rewrites' and confirmations'
                 # host time, summed over every compile of the bucket (a later length's
-                # recompile too); the first call less its rewrite is tracing, warm-ups, capture
+                # recompile too); the first call less its trace and rewrite is warm-ups,
+                # capture and the first run
                 "first_call_s": round(state.first_call_s, 3),
+                "trace_s": round(state.trace_s, 3),
                 "rewrite_s": round(sum(r.seconds for r in state.reports), 3),
                 "confirm_s": round(sum(r.confirm_seconds for r in state.reports), 3),
                 "cuda_graphs": len(state.graphs.graphs) if state.graphs else None,
