@@ -4,7 +4,9 @@ A site is confirmed numerically before it is accepted: its subgraph is cut out i
 small graph of its own, fed fresh random non-zero inputs of the site's shapes, and run
 once as captured and once with the fused op emitted; outputs must agree within the dtype's
 tolerance (NaN-free). Sites with one signature (family, shapes, dtypes, constants) are
-confirmed once. A site that fails is left unfused and reported with the reason.
+confirmed once; a round's new signatures are confirmed at once, in threads
+(`confirm_ahead`), so their kernels' first compiles overlap. A site that fails is left
+unfused and reported with the reason.
 """
 
 from __future__ import annotations
