@@ -420,13 +420,15 @@ def confirm_ahead(sites: list[tuple[Match, str]], cache: dict[tuple, Confirmed |
     its kernels compile and launch as the loop's would. Only passes are kept: a failure
     here (running out of memory beside the others, say) is the loop's to confirm again,
     alone, and to report."""
+    workers = confirm_workers() if workers is None else workers
+    if workers < 2:
+        return  # the loop confirms in turn
     todo: dict[tuple, tuple[Match, str]] = {}
     for m, config in sites:
         todo.setdefault(site_signature(m, config), (m, config))
     todo = {k: v for k, v in todo.items() if k not in cache}
-    workers = confirm_workers() if workers is None else workers
-    if len(todo) < 2 or workers < 2:
-        return  # the loop confirms in turn
+    if len(todo) < 2:
+        return
     device = torch.cuda.current_device() if torch.cuda.is_available() else None
 
     def run(m: Match, config: str) -> Confirmed | str:
