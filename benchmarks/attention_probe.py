@@ -9,7 +9,8 @@ At Llama-3-8B shapes (32 q / 8 kv heads, head dim 128, bf16, batch 1):
   time    SDPA (best backend, enable_gqa) on rotated q, k; ours on the same rotated q, k with
           the default config and with each listed config (exactly that config: `keep` is
           reported, not applied); ours_rope: the whole launch with RoPE (from 512 tokens k
-          rotated once by a rope launch, q on load; the default config) against
+          rotated once by a rope launch, q on load; the default config); ours_rope_qk:
+          q and k rotated by one rope_qk launch, then the kernel (the form before) against
           sdpa_rope: RoPE then SDPA as `attention.unfused` spells it, eager and
           torch.compile'd (issue 6: ours + RoPE >= SDPA + RoPE); and what a traced model
           runs, the causal mask materialised (`masked_rows`). TFLOP/s = attention.flops (causal pairs · 4 · Hq · D) / time.
@@ -157,6 +158,10 @@ def shape_row(tq, tk, causal, configs, rep, do_check, do_time) -> dict:
                                         causal=causal, scale=scale)
             row["ours_rope"]["check"] = guarded("ours_rope check", check, ours_rope, exact)
             del exact
+        # the form before session 18 at >= 512 tokens, in the same run: q and k rotated by
+        # one rope_qk launch, then the kernel on plain q, k (TMA for k, v from 2048)
+        row["ours_rope_qk"] = guarded("ours_rope_qk", time_it, lambda: attention.launch_attention(
+            *rope.launch_rope_qk(q0, k0, cos, sin), v, None, None, None, causal, scale), flops, rep)
         for name, fn in (("sdpa_rope", attention.unfused), ("compiled_rope", COMPILED_UNFUSED)):
             row[name] = guarded(name, time_it, lambda fn=fn: fn(
                 q0, k0, v, cos, sin, None, causal, scale, False), flops, rep)
@@ -208,7 +213,7 @@ def summary(rows: list[dict], names: list[str]) -> None:
                          if "us" in e else f"{'n/a':>25s}")
         print(f"{name:>12s} {verdict:5s}", " ".join(cells), flush=True)
     for r in timed:
-        us = {k: r[k]["us"] for k in ("ours_rope", "sdpa_rope", "compiled_rope", "sdpa_masked",
+        us = {k: r[k]["us"] for k in ("ours_rope", "ours_rope_qk", "sdpa_rope", "compiled_rope", "sdpa_masked",
                                       "ours_masked", "ours_marked")
               if isinstance(r.get(k), dict) and "us" in r[k]}
         ok = r.get("ours_rope", {}).get("check", {}).get("ok", "unchecked")
