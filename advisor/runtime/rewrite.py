@@ -331,7 +331,7 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
         confirm_ahead(_round_sites(matches, plan, tried), cache)
         confirming += time.perf_counter() - t
         for m in matches:
-            if m.kernel is None or m.family not in plan.fusions or _site_key(m) in tried:
+            if not _to_try(m, plan, tried):
                 continue
             m = _remapped(m, new_of)
             own = set(m.nodes) - set(m.shared)
@@ -384,13 +384,18 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
                          time.perf_counter() - start, confirming)
 
 
+def _to_try(m: Match, plan: Plan, tried: set) -> bool:
+    """A site of the plan's families, with a kernel, not tried in an earlier round."""
+    return m.kernel is not None and m.family in plan.fusions and _site_key(m) not in tried
+
+
 def _round_sites(matches: list[Match], plan: Plan, tried: set) -> list[tuple[Match, str]]:
     """The (site, config) pairs a round will confirm, as its loop takes them: a site
     holding a node an earlier site of the round takes waits (the loop's own test, less
     the erased-operand case it finds only while rewriting)."""
     taken, waiting, sites = set(), set(), []
     for m in matches:
-        if m.kernel is None or m.family not in plan.fusions or _site_key(m) in tried:
+        if not _to_try(m, plan, tried):
             continue
         own = set(m.nodes) - set(m.shared)
         if own & taken or own & waiting:
