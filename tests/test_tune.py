@@ -412,3 +412,21 @@ def test_two_workers_and_two_runs_share_one_journal_without_losing_trials(tiny, 
     assert len({t.number for t in trials}) == len(trials)
     assert len(done) == results[0].ran + results[1].ran
     assert not [t for t in trials if t.state == TrialState.RUNNING]
+
+
+def test_a_running_trial_without_an_owner_yet_is_not_recovered_as_dead(monkeypatch):
+    """Two runs on one journal: the other run's trial, RUNNING for the instant before its
+    objective names its owner, is left alone; an ownerless one past the grace is failed
+    (crash) and its parameters re-enqueued; a live owner's trial is never touched."""
+    from advisor.search import study as st
+    from advisor.search.objective import OWNER
+
+    study = optuna.create_study()
+    fresh = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    live = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    live.set_user_attr("owner", OWNER)  # this process: alive
+    assert st.recover_stale(study) == []
+    monkeypatch.setattr(st, "OWNERLESS_GRACE_S", -1.0)
+    assert st.recover_stale(study) == [fresh.number]
+    states = {t.number: t.state for t in study.get_trials()}
+    assert states[fresh.number] == TrialState.FAIL and states[live.number] == TrialState.RUNNING

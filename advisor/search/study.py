@@ -26,6 +26,7 @@ are left to it.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import socket
@@ -147,10 +148,18 @@ def open_study(storage: Any, name: str, seed: int) -> optuna.Study:
                                sampler=optuna.samplers.TPESampler(seed=seed), load_if_exists=True)
 
 
-def _owner_dead(owner: Any) -> bool:
-    """True when the process that ran a trial is gone (same host only; unknown: dead)."""
+# A trial's objective names its owner first thing; one RUNNING without an owner is another
+# run's trial in that instant (two runs on one journal: recovering it as dead failed a live
+# trial, and its run then died telling it) unless it has been so for longer than this.
+OWNERLESS_GRACE_S = 60.0
+
+
+def _owner_dead(owner: Any, started: datetime.datetime | None = None) -> bool:
+    """True when the process that ran a trial is gone (same host only). No owner: dead
+    once the trial has run OWNERLESS_GRACE_S without one (or its start is unknown)."""
     if not isinstance(owner, str) or ":" not in owner:
-        return True
+        return started is None or (
+            datetime.datetime.now() - started).total_seconds() > OWNERLESS_GRACE_S
     host, _, pid = owner.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return False  # another machine's trial: leave it to that machine
@@ -167,7 +176,7 @@ def recover_stale(study: optuna.Study) -> list[int]:
     """Mark trials left RUNNING by a dead process FAIL ("crash") and re-enqueue their params."""
     storage, stale = study._storage, []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not _owner_dead(t.user_attrs.get("owner")):
+        if not _owner_dead(t.user_attrs.get("owner"), t.datetime_start):
             continue
         storage.set_trial_user_attr(t._trial_id, "failure", "crash")
         storage.set_trial_user_attr(t._trial_id, "error", "left RUNNING by a process that died")
