@@ -191,6 +191,45 @@ def tune(
     render_tune_summary(result, stdout)
 
 
+@app.command("record-kernels")
+def record_kernels_cmd(
+    model: ModelArg,
+    recipe: Annotated[Path, typer.Option(help="recipe JSON (advisor tune --out)")],
+    out: Annotated[Path | None, typer.Option("--out", help="recipe to write (default: --recipe)")] = None,
+    shapes: Annotated[str | None, typer.Option(
+        "--shapes", help="one length per bucket to run (default: each bucket's bound)")] = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+) -> None:
+    """Add the Triton kernels each bucket compiles to a recipe, so that `apply` compiles
+    them in parallel processes while its first call traces (a shorter cold start)."""
+    from advisor.errors import RecipeError
+    from advisor.loader import build, inputs_for, load_model_file, parse_shapes
+    from advisor.runtime.recipe import load_recipe, save_recipe
+    from advisor.runtime.record import record_kernels
+
+    rec = load_recipe(recipe)
+    mf = load_model_file(model)
+    dev, dt = _device_dtype(device, dtype or rec.model.get("dtype"))
+    if dev.type != "cuda":
+        raise RecipeError("record-kernels needs a CUDA device: kernels are compiled for it")
+    bounds = [b.max_len for b in rec.buckets if b.max_len < 2**31 - 1]
+    lengths = parse_shapes(shapes) if shapes else tuple(bounds)
+    if not lengths:
+        raise RecipeError(f"{recipe}: a plan for every length has no bound to run: pass --shapes")
+    batch, phase = int(rec.model.get("batch", 1)), str(rec.model.get("phase", "prefill"))
+    context = {"len": lengths[0]}
+    net = build(mf, dev, dt)
+    inputs = {n: inputs_for(mf, n, batch, dev, phase=phase, dtype=dt) for n in lengths}
+    decode = phase == "decode"  # routed by context length, as bench routes it
+    done = record_kernels(net, rec, inputs, length_of=(lambda a, k: context["len"]) if decode else None,
+                          before_call=lambda n: context.update(len=n))
+    entries = (done.kernels or {}).get("entries", [])
+    save_recipe(done, out or recipe)
+    stdout.print(f"{len(entries)} kernels recorded for buckets "
+                 f"{sorted({b for e in entries for b in e['buckets']})}; wrote {out or recipe}")
+
+
 @app.command()
 def report(
     analysis: Annotated[list[Path], typer.Option(

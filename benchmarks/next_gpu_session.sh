@@ -112,11 +112,21 @@ coldstart)
   PLAN=${PLAN:-$RECIPE}  # a recipe's one-token bucket is traced static (a plan file: symbolic)
   # COLD_THREADS: confirmation threads per advisor variant ("1 default": one at a time, then
   # rewrite.confirm_workers'; "default-nosetup": without Triton's setup thread); each
-  # variant and compile get fresh cache folders, cold then warm
+  # variant and compile get fresh cache folders, cold then warm; "manifest": see below
+  # "manifest": PLAN with the kernels its buckets compile (record-kernels, in caches of its
+  # own), so apply compiles them in forked workers while the first call traces
+  if [[ " ${COLD_THREADS:-default} " == *" manifest "* ]]; then
+    TRITON_CACHE_DIR=$(mktemp -d) timeout ${RECORD_S:-150} python3 -m advisor.cli record-kernels $model \
+      --recipe "$PLAN" --out "$OUT/recorded.json" ${RECORD_SHAPES:+--shapes $RECORD_SHAPES} >> "$OUT/coldstart.log" 2>&1
+    echo "record rc=$?"; tail -1 "$OUT/coldstart.log"
+  fi
   for threads in ${COLD_THREADS:-default} compile; do
     export TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
     for cache in cold warm; do
-      if [ "$threads" = compile ]; then
+      if [ "$threads" = manifest ]; then
+        timeout 120 python3 benchmarks/cold_start.py --recipe "$OUT/recorded.json" --tokens 1 \
+          --json "$OUT/coldstart-advisor-manifest-$cache.json" >> "$OUT/coldstart.log" 2>&1
+      elif [ "$threads" = compile ]; then
         timeout 120 python3 benchmarks/cold_start.py --compile reduce-overhead --tokens 1 \
           --json "$OUT/coldstart-compile-ro-$cache.json" >> "$OUT/coldstart.log" 2>&1
       else

@@ -31,6 +31,7 @@ from torch import fx
 from advisor.errors import RecipeError
 from advisor.graph.capture import aten_backend
 from advisor.kernels._triton import programmatic_launch, warm_start, warm_wait
+from advisor.runtime import precompile
 from advisor.runtime.cudagraph import GraphCache
 from advisor.runtime.outside_graph import entered
 from advisor.runtime.plan import UNFUSED, Plan
@@ -99,7 +100,8 @@ class AdvisedModel(torch.nn.Module):
     """The user's model with a recipe's plans applied per length bucket."""
 
     def __init__(self, model: torch.nn.Module, recipe: Recipe, *,
-                 length_of: Callable[..., int] | None = None):
+                 length_of: Callable[..., int] | None = None,
+                 precompiling: precompile.Precompile | None = None):
         super().__init__()
         self.original = model
         self.recipe = recipe
@@ -107,6 +109,7 @@ class AdvisedModel(torch.nn.Module):
         self.buckets = _bucket_states(recipe)
         self._unfused = BucketState(UNFUSED)
         self._confirmed: dict[tuple, Any] = {}  # site confirmations shared across buckets
+        self.precompiling = precompiling  # the recipe's kernels, compiling in other processes
 
     def _state(self, bucket: Bucket | None) -> BucketState:
         return self._unfused if bucket is None else self.buckets[bucket.max_len]
@@ -120,6 +123,8 @@ class AdvisedModel(torch.nn.Module):
             if state.started is not None and not state.trace_s:
                 state.trace_s = time.perf_counter() - state.started
             warm_wait()  # Triton's setup, started by `apply`, done before the first compile
+            if self.precompiling is not None and bound is not None:
+                self.precompiling.wait(bound)  # this bucket's kernels: cache reads from here
             report = rewrite(gm, params, state.plan, self._confirmed)
             for group in report.merged_weights:
                 arrange(model, group)
@@ -199,6 +204,11 @@ class AdvisedModel(torch.nn.Module):
                 "outside_per_graph": ([len(g.deferred.cuts) for g in state.graphs.graphs.values()]
                                       if state.graphs else None),
                 "cuda_graph_failures": state.graphs.failures if state.graphs else None,
+                # the recipe's kernels compiled in other processes (precompile.py), and how
+                # long the first call waited for them
+                **({"precompiled": self.precompiling.counts(bound),
+                    "precompile_wait_s": round(self.precompiling.waited_s.get(bound, 0.0), 3)}
+                   if self.precompiling is not None else {}),
             })
         return rows
 
@@ -234,6 +244,9 @@ def apply(model: torch.nn.Module, recipe: Recipe | Plan, *, strict: bool = False
         recipe = Recipe(buckets=tuple(Bucket(b.max_len, UNFUSED, b.measured) for b in recipe.buckets),
                         model=recipe.model, environment=recipe.environment,
                         beyond_largest=recipe.beyond_largest)
+    precompiling = None
     if any(p.is_cuda for p in model.parameters()):
+        # fork the compile workers first, before this process starts threads of its own
+        precompiling = precompile.start(recipe.kernels) if recipe.kernels else None
         warm_start()  # Triton's per-process setup, while the first call traces
-    return AdvisedModel(model, recipe, length_of=length_of)
+    return AdvisedModel(model, recipe, length_of=length_of, precompiling=precompiling)

@@ -14,7 +14,13 @@ Schema (schema_version 1)::
      "buckets": [{"max_len": int, "plan": {"fusions": [str], "configs": {str: str}, "cuda_graph": bool,
                                            "pdl": bool (optional, default false)},
                   "measured": {"unfused_ms": float, "tuned_ms": float, "max_error": float,
-                               "trials": int, "failures": {str: int}}}]}
+                               "trials": int, "failures": {str: int}}}],
+     "kernels": {"triton": str, "target": str, "entries": [{"buckets": [int], "spec": str}]}}
+
+`kernels` (optional) lists the Triton kernels each bucket's first call compiled, each as
+Triton's serialised specialisation (a JSON text), so `apply` can compile them in other
+processes while the first call traces (runtime/precompile.py). Kernels are named, never
+imported: a name outside advisor's kernel modules is skipped.
 
 A hand-written plan file is also accepted: {"schema_version": 1, "kind": "advisor.plan",
 "fusions": [...], "configs": {...}, "cuda_graph": false} (one bucket covering every length).
@@ -53,6 +59,7 @@ class Recipe:
     model: dict[str, Any] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
     beyond_largest: str = "largest"   # lengths past the last bucket: its plan, or unfused
+    kernels: dict[str, Any] | None = None  # compiled kernels to precompile (precompile.py)
 
     def bucket_for(self, length: int) -> Bucket | None:
         """Smallest bucket whose bound >= length; beyond the largest see `beyond_largest`."""
@@ -73,6 +80,7 @@ class Recipe:
             "beyond_largest": self.beyond_largest,
             "buckets": [{"max_len": b.max_len, "plan": b.plan.to_json(), "measured": b.measured}
                         for b in self.buckets],
+            **({"kernels": self.kernels} if self.kernels else {}),
         })
 
     @staticmethod
@@ -131,6 +139,32 @@ def _measured(obj: Any, path: str) -> dict[str, Any]:
     return dict(obj)
 
 
+MAX_SPEC_CHARS = 1 << 16  # one serialised specialisation: a few hundred characters
+
+
+def _kernels(obj: Any, path: str) -> dict[str, Any]:
+    _keys(obj, path, {"triton", "target", "entries"})
+    for key in ("triton", "target"):
+        _expect(isinstance(obj[key], str), f"{path}.{key}", "expected a string")
+    _expect(isinstance(obj["entries"], list), f"{path}.entries", "expected a list")
+    for i, e in enumerate(obj["entries"]):
+        p = f"{path}.entries[{i}]"
+        _keys(e, p, {"buckets", "spec"})
+        _expect(isinstance(e["buckets"], list) and all(
+            isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in e["buckets"]),
+            f"{p}.buckets", "expected a list of bucket bounds")
+        spec = e["spec"]
+        _expect(isinstance(spec, str) and len(spec) <= MAX_SPEC_CHARS, f"{p}.spec",
+                f"expected a JSON text of at most {MAX_SPEC_CHARS} characters")
+        try:
+            parsed = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise RecipeError(f"invalid recipe at {p}.spec: not JSON ({exc.msg})") from None
+        _expect(isinstance(parsed, dict) and isinstance(parsed.get("name"), str), f"{p}.spec",
+                "expected a Triton specialisation (an object with a kernel name)")
+    return copy.deepcopy(obj)
+
+
 def recipe_from_json(obj: Any) -> Recipe:
     _expect(isinstance(obj, dict), "$", "expected a JSON object")
     version = obj.get("schema_version")
@@ -143,7 +177,8 @@ def recipe_from_json(obj: Any) -> Recipe:
         body = {k: v for k, v in obj.items() if k not in ("schema_version", "kind")}
         return Recipe.from_plan(plan_from_json(body, "$"))
     _expect(kind == "advisor.recipe", "$.kind", f"expected 'advisor.recipe' or 'advisor.plan', got {kind!r}")
-    _keys(obj, "$", {"schema_version", "kind", "buckets"}, {"model", "environment", "beyond_largest"})
+    _keys(obj, "$", {"schema_version", "kind", "buckets"},
+          {"model", "environment", "beyond_largest", "kernels"})
     for name in ("model", "environment"):
         _expect(isinstance(obj.get(name, {}), dict), f"$.{name}", "expected an object")
     beyond = obj.get("beyond_largest", "largest")
@@ -160,8 +195,10 @@ def recipe_from_json(obj: Any) -> Recipe:
         _expect(not buckets or m > buckets[-1].max_len, f"{p}.max_len", "buckets must be in increasing order")
         buckets.append(Bucket(max_len=m, plan=plan_from_json(b["plan"], f"{p}.plan"),
                               measured=_measured(b.get("measured", {}), f"{p}.measured")))
+    kernels = _kernels(obj["kernels"], "$.kernels") if "kernels" in obj else None
     return Recipe(buckets=tuple(buckets), model=dict(obj.get("model", {})),
-                  environment=dict(obj.get("environment", {})), beyond_largest=beyond)
+                  environment=dict(obj.get("environment", {})), beyond_largest=beyond,
+                  kernels=kernels)
 
 
 def load_recipe(path: str | Path) -> Recipe:

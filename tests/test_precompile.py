@@ -1,0 +1,189 @@
+"""Precompiling a recipe's kernels in forked workers (runtime/precompile.py).
+
+No GPU here: a stand-in driver answers Triton's device and target queries (sm_90), so the
+JIT path and the workers both really compile (Triton's code generation and ptxas) for
+that target into on-disk caches. The test that matters: a worker, given only the
+serialised specialisation the JIT's hook recorded, writes the cache entry the JIT path
+itself reads (same key), so the parent's first call finds its kernels compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
+
+from advisor.errors import RecipeError
+from advisor.runtime import precompile
+from advisor.runtime.plan import Plan
+from advisor.runtime.recipe import Bucket, Recipe, recipe_from_json
+
+PROBE = "advisor.kernels._precompile_probe"  # a kernel module name the resolver accepts
+
+
+def _double(x, y, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + i, tl.load(x + i, mask=i < n) * 2, mask=i < n)
+
+
+def _other(x, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x + i, tl.load(x + i, mask=i < n) + 1, mask=i < n)
+
+
+class _Driver:
+    """Triton's driver without a GPU: device 0, an sm_90 target, no launcher."""
+
+    def __init__(self) -> None:
+        self.get_current_device = lambda: 0
+        self.get_current_stream = lambda device=None: 0
+        self.get_current_target = lambda: GPUTarget("cuda", 90, 32)
+        self.launcher_cls = lambda src, metadata: None
+
+
+@pytest.fixture
+def probe(monkeypatch, tmp_path):
+    """(the advisor-named probe kernel, a kernel outside advisor), compiled (not
+    interpreted) for sm_90 into tmp_path/<name> caches."""
+    _double.__module__ = PROBE
+    fn = JITFunction(_double)  # compiled whatever TRITON_INTERPRET says
+    module = types.ModuleType(PROBE)
+    module._double = fn
+    monkeypatch.setitem(sys.modules, PROBE, module)
+    monkeypatch.setattr(driver, "_active", _Driver())
+    return fn, JITFunction(_other)
+
+
+def _use_cache(monkeypatch, path) -> set[str]:
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(path))
+    return set()
+
+
+def _compiled(path) -> set[str]:
+    """The cache entries (key folders) holding a cubin."""
+    return {d for d in os.listdir(path) if any(f.endswith(".cubin") for f in os.listdir(path / d))}
+
+
+def _warm(fn, n=1000):
+    x, y = torch.ones(n), torch.empty(n)
+    args = (x, y, n) if fn.fn.__name__ == "_double" else (x, n)
+    return fn.warmup(*args, BLOCK=128, grid=(8,))
+
+
+def test_record_keeps_advisor_kernels_once(probe, monkeypatch, tmp_path):
+    double, other = probe
+    _use_cache(monkeypatch, tmp_path)
+    with precompile.record() as seen:
+        _warm(double)
+        _warm(double)  # in-memory hit: no compile, no second entry
+        _warm(other)  # not an advisor kernel
+    assert len(seen) == 1 and json.loads(seen[0])["name"] == f"{PROBE}._double"
+    precompile.reset_jit_caches()
+    with precompile.record() as again:
+        _warm(double)  # compiled again after the reset: an on-disk cache read
+    assert again == seen
+
+
+def test_workers_write_the_cache_entry_the_jit_reads(probe, monkeypatch, tmp_path):
+    double, _ = probe
+    (tmp_path / "jit").mkdir()
+    (tmp_path / "workers").mkdir()
+    _use_cache(monkeypatch, tmp_path / "jit")
+    with precompile.record() as seen:
+        _warm(double)
+    jit = _compiled(tmp_path / "jit")
+    assert len(jit) == 1
+
+    _use_cache(monkeypatch, tmp_path / "workers")
+    monkeypatch.setattr(precompile, "unusable", lambda kernels: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    unknown = json.dumps({**json.loads(seen[0]), "name": "os.system"})  # never resolved
+    kernels = {"triton": triton.__version__, "target": "cuda:90",
+               "entries": [{"buckets": [1, 128], "spec": seen[0]}, {"buckets": [1], "spec": unknown},
+                           {"buckets": [2048], "spec": seen[0]}]}
+    handle = precompile.start(kernels, workers=2)
+    assert handle is not None
+    handle.wait(1)
+    assert handle.counts(1) == {"compiled": 1, "failed": 1, "missing": 0}
+    assert handle.failures() == ["LookupError: not an advisor kernel"]
+    assert handle.waited_s[1] >= 0
+    handle.wait(2048)
+    assert _compiled(tmp_path / "workers") == jit  # the key the JIT path computed
+
+
+def test_unusable_says_why(monkeypatch):
+    ok = {"triton": triton.__version__, "target": "cuda:90", "entries": [{"buckets": [1], "spec": "{}"}]}
+    assert precompile.unusable(None) == "the recipe lists no kernels"
+    assert "interpreter" in precompile.unusable(ok)  # the tests run Triton's interpreter
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(precompile, "target_name", lambda: "cuda:90")
+    assert precompile.unusable(ok) is None
+    assert "triton 0.1" in precompile.unusable({**ok, "triton": "0.1"})
+    assert "cuda:80" in precompile.unusable({**ok, "target": "cuda:80"})
+    monkeypatch.setenv("ADVISOR_PRECOMPILE", "0")
+    assert precompile.unusable(ok) == "ADVISOR_PRECOMPILE=0"
+
+
+def _recipe_json(kernels) -> dict:
+    rec = Recipe(buckets=(Bucket(1, Plan(fusions=("rms_norm",))),), kernels=kernels)
+    return rec.to_json()
+
+
+def test_recipe_carries_kernels():
+    spec = json.dumps({"name": f"{PROBE}._double", "signature": {}})
+    kernels = {"triton": "3.6.0", "target": "cuda:90", "entries": [{"buckets": [1], "spec": spec}]}
+    obj = _recipe_json(kernels)
+    assert recipe_from_json(json.loads(json.dumps(obj))).kernels == kernels
+    assert "kernels" not in _recipe_json(None)
+
+
+@pytest.mark.parametrize("bad, where", [
+    ({"triton": "3.6.0", "target": "cuda:90"}, "$.kernels: missing"),
+    ({"triton": 3, "target": "cuda:90", "entries": []}, "$.kernels.triton"),
+    ({"triton": "3.6.0", "target": "cuda:90", "entries": [{"buckets": [0], "spec": "{}"}]},
+     "$.kernels.entries[0].buckets"),
+    ({"triton": "3.6.0", "target": "cuda:90", "entries": [{"buckets": [1], "spec": "{"}]},
+     "$.kernels.entries[0].spec: not JSON"),
+    ({"triton": "3.6.0", "target": "cuda:90", "entries": [{"buckets": [1], "spec": "[1]"}]},
+     "$.kernels.entries[0].spec"),
+])
+def test_bad_kernels_field_names_its_path(bad, where):
+    obj = _recipe_json(None)
+    obj["kernels"] = bad
+    with pytest.raises(RecipeError, match=where.replace("[", r"\[").replace("$", r"\$")):
+        recipe_from_json(obj)
+
+
+def test_apply_on_the_cpu_starts_no_workers():
+    from advisor.runtime.apply import apply
+
+    spec = json.dumps({"name": f"{PROBE}._double"})
+    kernels = {"triton": triton.__version__, "target": "cuda:90", "entries": [{"buckets": [1], "spec": spec}]}
+    rec = Recipe(buckets=(Bucket(1, Plan(fusions=("rms_norm",))),), kernels=kernels)
+    fast = apply(torch.nn.Linear(4, 4), rec)
+    assert fast.precompiling is None
+
+
+def test_record_kernels_needs_cuda(tmp_path):
+    import subprocess
+
+    model = tmp_path / "model.py"
+    model.write_text("import torch\n"
+                     "def build_model(device, dtype):\n    return torch.nn.Linear(8, 8).to(device, dtype)\n"
+                     "def make_inputs(seq_len, batch, device):\n    return (torch.randn(batch, seq_len, 8),)\n")
+    recipe = tmp_path / "r.json"
+    recipe.write_text(json.dumps(_recipe_json(None)))
+    before = recipe.read_text()
+    proc = subprocess.run([sys.executable, "-m", "advisor.cli", "record-kernels", str(model), "--recipe",
+                           str(recipe), "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "needs a CUDA device" in proc.stderr
+    assert recipe.read_text() == before
