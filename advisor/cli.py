@@ -204,26 +204,20 @@ def record_kernels_cmd(
     """Add the Triton kernels each bucket compiles to a recipe, so that `apply` compiles
     them in parallel processes while its first call traces (a shorter cold start)."""
     from advisor.errors import RecipeError
-    from advisor.loader import build, inputs_for, load_model_file, parse_shapes
+    from advisor.loader import build, load_model_file, parse_shapes
     from advisor.runtime.recipe import load_recipe, save_recipe
-    from advisor.runtime.record import record_kernels
+    from advisor.runtime.record import bounds, record_model_file
 
     rec = load_recipe(recipe)
     mf = load_model_file(model)
     dev, dt = _device_dtype(device, dtype or rec.model.get("dtype"))
     if dev.type != "cuda":
         raise RecipeError("record-kernels needs a CUDA device: kernels are compiled for it")
-    bounds = [b.max_len for b in rec.buckets if b.max_len < 2**31 - 1]
-    lengths = parse_shapes(shapes) if shapes else tuple(bounds)
+    lengths = parse_shapes(shapes) if shapes else bounds(rec)
     if not lengths:
         raise RecipeError(f"{recipe}: a plan for every length has no bound to run: pass --shapes")
-    batch, phase = int(rec.model.get("batch", 1)), str(rec.model.get("phase", "prefill"))
-    context = {"len": lengths[0]}
-    net = build(mf, dev, dt)
-    inputs = {n: inputs_for(mf, n, batch, dev, phase=phase, dtype=dt) for n in lengths}
-    decode = phase == "decode"  # routed by context length, as bench routes it
-    done = record_kernels(net, rec, inputs, length_of=(lambda a, k: context["len"]) if decode else None,
-                          before_call=lambda n: context.update(len=n))
+    done = record_model_file(mf, build(mf, dev, dt), rec, lengths, batch=int(rec.model.get("batch", 1)),
+                             device=dev, dtype=dt, phase=str(rec.model.get("phase", "prefill")))
     entries = (done.kernels or {}).get("entries", [])
     save_recipe(done, out or recipe)
     stdout.print(f"{len(entries)} kernels recorded for buckets "

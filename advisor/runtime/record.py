@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from advisor.loader import Inputs, call
+from advisor.loader import Inputs, ModelFile, call, inputs_for
 from advisor.runtime import precompile
 from advisor.runtime.apply import apply
 from advisor.runtime.recipe import Recipe
@@ -45,3 +45,21 @@ def record_kernels(model: torch.nn.Module, recipe: Recipe, inputs: Mapping[int, 
             torch.cuda.synchronize()
         specs.setdefault(bucket.max_len, []).extend(s for s in seen if s not in specs.get(bucket.max_len, []))
     return replace(recipe, kernels=precompile.manifest(specs) if specs else None)
+
+
+def bounds(recipe: Recipe) -> tuple[int, ...]:
+    """The lengths to record by default: each bucket's bound (a plan for every length has
+    none)."""
+    return tuple(b.max_len for b in recipe.buckets if b.max_len < 2**31 - 1)
+
+
+def record_model_file(mf: ModelFile, model: torch.nn.Module, recipe: Recipe,
+                      lengths: tuple[int, ...], *, batch: int, device: torch.device,
+                      dtype: torch.dtype, phase: str = "prefill") -> Recipe:
+    """`record_kernels` on the model file's inputs at `lengths`; a decode model is routed
+    by its context length, as `advisor bench` routes it."""
+    context = {"len": lengths[0] if lengths else 0}
+    inputs = {n: inputs_for(mf, n, batch, device, phase=phase, dtype=dtype) for n in lengths}
+    return record_kernels(model, recipe, inputs,
+                          length_of=(lambda a, k: context["len"]) if phase == "decode" else None,
+                          before_call=lambda n: context.update(len=n))

@@ -317,8 +317,25 @@ def describe(ctx: Context, req: dict[str, Any], stage: Stage) -> dict[str, Any]:
     return {"ok": True, "space": space.to_json(), "unfused_ms": ms}
 
 
+def record(ctx: Context, req: dict[str, Any], stage: Stage) -> dict[str, Any]:
+    """The kernels each bucket of the tuned recipe compiles (its `kernels` field:
+    runtime/record.py), recorded in this worker at each bucket's bound."""
+    from advisor.runtime.recipe import recipe_from_json
+    from advisor.runtime.record import bounds, record_model_file
+
+    if ctx.device.type != "cuda":
+        return {"ok": True, "kernels": None}
+    recipe = recipe_from_json(req["recipe"])
+    release(ctx.device)
+    torch.manual_seed(req["seed"])
+    done = record_model_file(ctx.mf, ctx.model, recipe, bounds(recipe), batch=ctx.batch,
+                             device=ctx.device, dtype=ctx.dtype, phase=ctx.phase)
+    release(ctx.device)
+    return {"ok": True, "kernels": done.kernels}
+
+
 HANDLERS: dict[str, Callable[[Context, dict[str, Any], Stage], dict[str, Any]]] = {
-    "trial": run_trial, "measure": measure, "describe": describe,
+    "trial": run_trial, "measure": measure, "describe": describe, "record": record,
 }
 
 

@@ -378,6 +378,19 @@ def to_recipe(results: list[BucketResult], info: dict[str, Any], options: TuneOp
     return Recipe(buckets=buckets, model=model, environment=info["environment"])
 
 
+def record_kernels(pool: WorkerPool, recipe: Recipe, options: TuneOptions) -> Recipe:
+    """The recipe with the kernels its buckets compile, recorded in a worker (so a cold
+    `apply` compiles them in parallel: runtime/precompile.py); where that fails, the recipe
+    as it is (nothing lost: only the cold start is longer)."""
+    if not str(options.device).startswith("cuda"):
+        return recipe
+    req = {"op": "record", "recipe": recipe.to_json(), "seed": options.seed}
+    with pool.lease() as worker:
+        res = worker.request(req, options.trial_timeout_s)
+    kernels = res.get("kernels") if res.get("ok") else None
+    return replace(recipe, kernels=kernels) if kernels else recipe
+
+
 def tune(options: TuneOptions, listener: Listener | None = None) -> TuneResult:
     """Search every bucket, write the recipe, return what was found. Example::
 
@@ -403,7 +416,7 @@ def tune(options: TuneOptions, listener: Listener | None = None) -> TuneResult:
             prev = results[-1].plan if results and results[-1].length > 1 else None
             results.append(tune_bucket(pool, storage, f"{name}-len{space.length}", options, space,
                                        ms, budget, listener, prev))
-        recipe = to_recipe(results, info, options)
+        recipe = record_kernels(pool, to_recipe(results, info, options), options)
         save_recipe(recipe, options.out)
     finally:
         optuna.logging.set_verbosity(level)
