@@ -50,22 +50,22 @@ class _Driver:
         self.launcher_cls = lambda src, metadata: None
 
 
-@pytest.fixture
-def probe(monkeypatch, tmp_path):
+def _probe(cache):
     """(the advisor-named probe kernel, a kernel outside advisor), compiled (not
-    interpreted) for sm_90 into tmp_path/<name> caches."""
+    interpreted) for sm_90 into `cache`."""
     _double.__module__ = PROBE
-    fn = JITFunction(_double)  # compiled whatever TRITON_INTERPRET says
+    fn = JITFunction(_double)
     module = types.ModuleType(PROBE)
     module._double = fn
-    monkeypatch.setitem(sys.modules, PROBE, module)
-    monkeypatch.setattr(driver, "_active", _Driver())
+    sys.modules[PROBE] = module
+    driver.set_active(_Driver())
+    _use_cache(cache)
     return fn, JITFunction(_other)
 
 
-def _use_cache(monkeypatch, path) -> set[str]:
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(path))
-    return set()
+def _use_cache(path) -> None:
+    os.makedirs(path, exist_ok=True)
+    os.environ["TRITON_CACHE_DIR"] = str(path)
 
 
 def _compiled(path) -> set[str]:
@@ -76,36 +76,32 @@ def _compiled(path) -> set[str]:
 def _warm(fn, n=1000):
     x, y = torch.ones(n), torch.empty(n)
     args = (x, y, n) if fn.fn.__name__ == "_double" else (x, n)
-    return fn.warmup(*args, BLOCK=128, grid=(8,))
+    return fn.warmup(*args, BLOCK=128, grid=(8,), num_warps=2)  # a launch option, as ours set
 
 
-def test_record_keeps_advisor_kernels_once(probe, monkeypatch, tmp_path):
-    double, other = probe
-    _use_cache(monkeypatch, tmp_path)
+def scenario_record(tmp_path):
+    double, other = _probe(tmp_path)
     with precompile.record() as seen:
         _warm(double)
         _warm(double)  # in-memory hit: no compile, no second entry
         _warm(other)  # not an advisor kernel
-    assert len(seen) == 1 and json.loads(seen[0])["name"] == f"{PROBE}._double"
+    assert len(seen) == 1 and json.loads(seen[0])["name"] == f"{PROBE}._double", seen
     precompile.reset_jit_caches()
     with precompile.record() as again:
         _warm(double)  # compiled again after the reset: an on-disk cache read
     assert again == seen
 
 
-def test_workers_write_the_cache_entry_the_jit_reads(probe, monkeypatch, tmp_path):
-    double, _ = probe
-    (tmp_path / "jit").mkdir()
-    (tmp_path / "workers").mkdir()
-    _use_cache(monkeypatch, tmp_path / "jit")
+def scenario_workers(tmp_path):
+    double, _ = _probe(tmp_path / "jit")
     with precompile.record() as seen:
         _warm(double)
     jit = _compiled(tmp_path / "jit")
-    assert len(jit) == 1
+    assert len(jit) == 1, jit
 
-    _use_cache(monkeypatch, tmp_path / "workers")
-    monkeypatch.setattr(precompile, "unusable", lambda kernels: None)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    _use_cache(tmp_path / "workers")
+    precompile.unusable = lambda kernels: None
+    torch.cuda.current_device = lambda: 0
     unknown = json.dumps({**json.loads(seen[0]), "name": "os.system"})  # never resolved
     kernels = {"triton": triton.__version__, "target": "cuda:90",
                "entries": [{"buckets": [1, 128], "spec": seen[0]}, {"buckets": [1], "spec": unknown},
@@ -113,11 +109,78 @@ def test_workers_write_the_cache_entry_the_jit_reads(probe, monkeypatch, tmp_pat
     handle = precompile.start(kernels, workers=2)
     assert handle is not None
     handle.wait(1)
-    assert handle.counts(1) == {"compiled": 1, "failed": 1, "missing": 0}
-    assert handle.failures() == ["LookupError: not an advisor kernel"]
+    assert handle.counts(1) == {"compiled": 1, "failed": 1, "missing": 0}, handle.done
+    assert handle.failures() == ["LookupError: not an advisor kernel"], handle.failures()
     assert handle.waited_s[1] >= 0
     handle.wait(2048)
     assert _compiled(tmp_path / "workers") == jit  # the key the JIT path computed
+
+
+def _in_fresh_python(scenario: str, tmp_path) -> None:
+    """Run a scenario in a process where Triton compiles: the interpreter, once it has run
+    in this process (the other tests), leaves `triton.language` patched for itself."""
+    import subprocess
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    code = f"import pathlib, tests.test_precompile as t; t.{scenario}(pathlib.Path({str(tmp_path)!r}))"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_record_keeps_advisor_kernels_once(tmp_path):
+    _in_fresh_python("scenario_record", tmp_path)
+
+
+def test_workers_write_the_cache_entry_the_jit_reads(tmp_path):
+    _in_fresh_python("scenario_workers", tmp_path)
+
+
+def _spec(**change) -> dict:
+    spec = {"name": f"{PROBE}._double", "signature": {"x": "*fp32", "y": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+            "constant_keys": [[3]], "constant_vals": [128], "attrs_keys": [[0], [1], [2], [3]],
+            "attrs_vals": [[["tt.divisibility", 16]], [["tt.divisibility", 16]], [], []],
+            "options": {"num_warps": 2, "num_stages": 3, "extern_libs": [["libdevice", "/x.bc"]],
+                        "ptx_options": "--evil"}, "key": "k", "target": {"backend": "cuda", "arch": 90}}
+    return {**spec, **change}
+
+
+def test_check_spec_keeps_only_launch_options():
+    parts = precompile.check_spec(_spec())
+    assert parts["options"] == {"num_warps": 2, "num_stages": 3}  # no files, no ptxas flags
+    assert parts["signature"]["n"] == "i32"
+
+
+@pytest.mark.parametrize("change, what", [
+    ({"signature": {"x": "tensordesc<fp32[16],__import__('os').system('true')>"}}, "signature"),
+    ({"signature": {"x": "*fp32; import os"}}, "signature"),
+    ({"signature": {"x y": "i32"}}, "signature"),
+    ({"constant_vals": [{"jit_function": "os:system"}]}, "constants"),
+    ({"constant_vals": ["a b"]}, "constants"),
+    ({"attrs_vals": [[["tt.divisibility", "16"]], [], [], []]}, "attributes"),
+    ({"options": {"num_warps": 10**6}}, "options.num_warps"),
+    ({"ir_override": "/etc/passwd"}, "unknown field"),
+    ({"name": 3}, "kernel name"),
+])
+def test_check_spec_refuses(change, what):
+    with pytest.raises(precompile.SpecError, match=what):
+        precompile.check_spec(_spec(**change))
+
+
+def test_recipe_with_an_unsafe_spec_is_refused():
+    bad = json.dumps(_spec(signature={"x": "tensordesc<fp32[16],print(1)>"}))
+    obj = _recipe_json({"triton": "3.6.0", "target": "cuda:90", "entries": [{"buckets": [1], "spec": bad}]})
+    with pytest.raises(RecipeError, match=r"\$\.kernels\.entries\[0\]\.spec: signature"):
+        recipe_from_json(obj)
+
+
+def test_record_lengths_cover_a_bound_and_the_length_below():
+    from advisor.runtime.record import bounds
+
+    rec = Recipe(buckets=tuple(Bucket(n, Plan(fusions=("rms_norm",))) for n in (1, 2, 128)))
+    assert bounds(rec) == (1, 2, 127, 128)
+    assert bounds(Recipe.from_plan(Plan(fusions=("rms_norm",)))) == ()
 
 
 def test_unusable_says_why(monkeypatch):
@@ -139,7 +202,7 @@ def _recipe_json(kernels) -> dict:
 
 
 def test_recipe_carries_kernels():
-    spec = json.dumps({"name": f"{PROBE}._double", "signature": {}})
+    spec = json.dumps(_spec())
     kernels = {"triton": "3.6.0", "target": "cuda:90", "entries": [{"buckets": [1], "spec": spec}]}
     obj = _recipe_json(kernels)
     assert recipe_from_json(json.loads(json.dumps(obj))).kernels == kernels

@@ -15,18 +15,26 @@ traces; the parent's compiles become cache reads (the same cache key: the specia
 is the key's input).
 
 Data only, as the recipe is: a kernel is named by its function's full name and resolved
-among the JIT functions of advisor's own kernel modules, already imported; nothing is
-imported or executed from the file. A specialisation that fails to compile or resolve
-costs nothing but its worker's time: the parent compiles it as before. The workers never
-touch CUDA (forked after CUDA may be initialised): the device and target they compile for
-are the parent's, taken before the fork.
+among the JIT functions of advisor's own kernel modules; nothing is imported. Triton would
+read a specialisation's types and options as given (it evaluates part of a `tensordesc`
+type's text, and options name files and ptxas flags), so each one is checked against a
+small grammar (`check_spec`, also when the recipe is loaded) and rebuilt from its checked
+parts: argument names must be the kernel's, types plain, constants scalars, options only
+those a launch sets, with the rest filled in here as a launch fills them. A
+specialisation that fails to check, resolve or compile costs only its worker's time: the
+parent compiles it as before. The workers never touch CUDA (forked after CUDA may be
+initialised): the device and target they compile for are the parent's, taken before the
+fork; they hold no GPU file of the parent's and print nothing into its output.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import re
+import signal
 import sys
 import threading
 import time
@@ -36,7 +44,98 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PREFIX = "advisor.kernels."  # only these modules' JIT functions are compiled from a recipe
-MAX_WAIT_S = 60.0  # a bucket waits at most this long for its kernels: then it compiles them
+MAX_WAIT_S = 20.0  # a bucket waits at most this long for its kernels: then it compiles them
+
+# ---- what a specialisation may hold ---------------------------------------------------
+_SCALAR = r"(i1|i8|i16|i32|i64|u1|u8|u16|u32|u64|fp8e4nv|fp8e5|fp8e4b15|fp8e4b8|fp8e5b16|fp16|bf16|fp32|fp64)"
+_TYPE = re.compile(rf"^(\*k?{_SCALAR}|{_SCALAR}|constexpr|nvTmaDesc|tensordesc<{_SCALAR}\[\d+(, ?\d+)*\]>)$")
+_WORD = re.compile(r"^[A-Za-z0-9_.]{0,64}$")  # a string constant (a dtype's name, a mode)
+_ATTR = re.compile(r"^tt\.\w{1,32}$")
+# options a launch sets (`kernel[grid](..., num_warps=…)`); Triton fills in the others
+LAUNCH_OPTIONS = {"num_warps": int, "num_stages": int, "num_ctas": int, "maxnreg": (int, type(None)),
+                  "launch_pdl": bool, "launch_cooperative_grid": bool}
+SPEC_KEYS = {"name", "signature", "constant_keys", "constant_vals", "attrs_keys", "attrs_vals",
+             "options", "key", "target"}
+
+
+class SpecError(ValueError):
+    """A serialised specialisation outside what `check_spec` accepts."""
+
+
+def _is_path(p: Any) -> bool:
+    return isinstance(p, list) and 0 < len(p) <= 8 and all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 4096 for i in p)
+
+
+def _is_type(t: Any, depth: int = 0) -> bool:
+    if isinstance(t, str):
+        return bool(_TYPE.match(t))
+    return isinstance(t, list) and depth < 4 and len(t) <= 64 and all(_is_type(x, depth + 1) for x in t)
+
+
+def _is_constant(v: Any, depth: int = 0) -> bool:
+    if v is None or isinstance(v, (bool, int, float)):
+        return True
+    if isinstance(v, str):
+        return bool(_WORD.match(v))
+    if isinstance(v, dict):  # {"constexpr": value}; 3.9's {"jit_function": …} is refused
+        return set(v) == {"constexpr"} and _is_constant(v["constexpr"], depth + 1)
+    return isinstance(v, list) and depth < 4 and len(v) <= 64 and all(_is_constant(x, depth + 1) for x in v)
+
+
+def check_spec(spec: Any) -> dict[str, Any]:
+    """The parts of a serialised specialisation (a parsed object) that a worker uses,
+    checked: SpecError names the first that fails."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise SpecError("expected an object with a kernel name")
+    if set(spec) - SPEC_KEYS:
+        raise SpecError(f"unknown field(s) {sorted(set(spec) - SPEC_KEYS)}")
+    sig = spec.get("signature")
+    if not (isinstance(sig, dict) and len(sig) <= 256 and all(
+            isinstance(k, str) and k.isidentifier() and _is_type(t) for k, t in sig.items())):
+        raise SpecError("signature: expected argument names with plain Triton types")
+    ck, cv = spec.get("constant_keys", []), spec.get("constant_vals", [])
+    if not (isinstance(ck, list) and isinstance(cv, list) and len(ck) == len(cv)
+            and all(_is_path(k) for k in ck) and all(_is_constant(v) for v in cv)):
+        raise SpecError("constants: expected index paths and scalar values")
+    ak, av = spec.get("attrs_keys", []), spec.get("attrs_vals", [])
+    if not (isinstance(ak, list) and isinstance(av, list) and len(ak) == len(av)
+            and all(_is_path(k) for k in ak)
+            and all(isinstance(a, list) and all(
+                isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and _ATTR.match(p[0])
+                and isinstance(p[1], int) and not isinstance(p[1], bool) for p in a) for a in av)):
+        raise SpecError("attributes: expected index paths and [tt.name, int] pairs")
+    options = spec.get("options", {})
+    if not isinstance(options, dict):
+        raise SpecError("options: expected an object")
+    launch = {}
+    for key, kind in LAUNCH_OPTIONS.items():
+        if key in options:
+            value = options[key]
+            if not isinstance(value, kind) or (isinstance(value, int) and not isinstance(value, bool)
+                                               and kind is int and not 0 < value <= 1024):
+                raise SpecError(f"options.{key}: {value!r}")
+            launch[key] = value
+    return {"name": spec["name"], "signature": sig, "constant_keys": ck, "constant_vals": cv,
+            "attrs_keys": ak, "attrs_vals": av, "options": launch}
+
+
+def _rebuilt(spec: str, fn: Any, target: Any, index: int) -> str:
+    """The specialisation `fn.preload` is given: `spec` checked and rebuilt, with the
+    options a launch adds from Triton's settings (as `JITFunction.run` adds them) and this
+    worker's target."""
+    from triton import knobs
+
+    parts = check_spec(json.loads(spec))
+    if list(parts["signature"]) != list(fn.arg_names):
+        raise SpecError("signature: not this kernel's arguments")
+    options = dict(parts["options"])
+    options["debug"] = bool(getattr(fn, "debug", None) or knobs.runtime.debug)
+    options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):  # triton 3.9
+        options["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    return json.dumps({**parts, "options": options, "key": f"advisor-precompile-{index}",
+                       "target": dict(vars(target))})
 
 
 def _jit_functions() -> dict[str, Any]:
@@ -142,32 +241,45 @@ class Precompile:
     done: dict[int, tuple[str, float]] = field(default_factory=dict)  # entry -> (status, s)
     closed: bool = False
     waited_s: dict[int, float] = field(default_factory=dict)  # bucket -> its wait
+    leader: int | None = None  # the first worker's pid: its process group holds them all
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
     def _read(self, rfd: int, pids: list[int]) -> None:
         """Collect the workers' "index status seconds" lines until all have exited."""
-        with os.fdopen(rfd, "r", encoding="utf-8", errors="replace") as pipe:
-            for line in pipe:
-                with contextlib.suppress(ValueError, TypeError):
-                    i, status, seconds = json.loads(line)
-                    with self._cond:
-                        self.done[int(i)] = (str(status), float(seconds))
-                        self._cond.notify_all()
-        for pid in pids:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-        with self._cond:
-            self.closed = True
-            self._cond.notify_all()
+        try:
+            with os.fdopen(rfd, "r", encoding="utf-8", errors="replace") as pipe:
+                for line in pipe:
+                    with contextlib.suppress(ValueError, TypeError):
+                        i, status, seconds = json.loads(line)
+                        with self._cond:
+                            self.done[int(i)] = (str(status), float(seconds))
+                            self._cond.notify_all()
+            for pid in pids:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+        finally:
+            with self._cond:
+                self.closed = True
+                self._cond.notify_all()
+
+    def stop(self) -> None:
+        """Kill the workers still running (a wait that timed out; this process's exit)."""
+        if self.leader is not None and not self.closed:
+            with contextlib.suppress(OSError):
+                os.killpg(self.leader, signal.SIGKILL)
 
     def pending(self, bucket: int) -> list[int]:
         return [i for i, b in enumerate(self.buckets) if bucket in b and i not in self.done]
 
     def wait(self, bucket: int) -> None:
+        """Until this bucket's entries are reported, or MAX_WAIT_S after the start: then
+        the workers are stopped (a hung compile) and this process compiles what is left."""
         start = time.perf_counter()
         with self._cond:
-            self._cond.wait_for(lambda: self.closed or not self.pending(bucket),
-                                timeout=max(0.0, self.started + MAX_WAIT_S - start))
+            finished = self._cond.wait_for(lambda: self.closed or not self.pending(bucket),
+                                           timeout=max(0.0, self.started + MAX_WAIT_S - start))
+        if not finished:
+            self.stop()
         self.waited_s[bucket] = self.waited_s.get(bucket, 0.0) + time.perf_counter() - start
 
     def counts(self, bucket: int) -> dict[str, int]:
@@ -181,6 +293,16 @@ class Precompile:
         return sorted({s for s, _ in self.done.values() if s != "ok"})
 
 
+def _worker_count(entries: int) -> int:
+    text = os.environ.get("ADVISOR_PRECOMPILE_WORKERS", "")
+    try:
+        n = int(text) if text else 0
+    except ValueError:
+        n = 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    return max(1, min(entries, n if n > 0 else min(16, cpus - 2)))
+
+
 def start(kernels: Mapping[str, Any], workers: int | None = None) -> Precompile | None:
     """Fork workers compiling `kernels` (a recipe's field); None where `unusable` says
     why not, or when the fork fails."""
@@ -189,17 +311,21 @@ def start(kernels: Mapping[str, Any], workers: int | None = None) -> Precompile 
     import torch
     from triton.backends.compiler import GPUTarget
 
+    from advisor.kernels.registry import all_kernels
+
+    all_kernels()  # every kernel module imported (the rewrite would import them later)
     entries = kernels["entries"]
     device = torch.cuda.current_device()
     backend, arch = str(kernels["target"]).split(":")
     target = GPUTarget(backend, int(arch), 32)
-    n = workers or int(os.environ.get("ADVISOR_PRECOMPILE_WORKERS", "0")) or \
-        max(1, min(16, (os.cpu_count() or 2) - 2))
-    n = min(n, len(entries))
+    n = min(workers, len(entries)) if workers else _worker_count(len(entries))
     # entries go to workers in turn, in the recipe's order (the first bucket's first)
     chunks = [[(i, entries[i]["spec"]) for i in range(w, len(entries), n)] for w in range(n)]
     handle = Precompile([list(e["buckets"]) for e in entries])
     rfd, wfd = os.pipe()
+    for stream in (sys.stdout, sys.stderr):  # a child must not write out the parent's buffer
+        with contextlib.suppress(Exception):
+            stream.flush()
     try:
         with warnings.catch_warnings():  # "multi-threaded, fork() may deadlock": the child
             warnings.simplefilter("ignore", DeprecationWarning)  # runs only Triton's compiler
@@ -212,17 +338,44 @@ def start(kernels: Mapping[str, Any], workers: int | None = None) -> Precompile 
         os.close(rfd)
         _leader(chunks, device, target, wfd)
     os.close(wfd)
+    handle.leader = pid
+    atexit.register(handle.stop)
     threading.Thread(target=handle._read, args=(rfd, [pid]), name="advisor-precompile",
                      daemon=True).start()
     return handle
 
 
+def _detach(wfd: int) -> None:
+    """In the leader, before it forks the others: its own process group (the parent can
+    stop them all), killed with the parent, output to /dev/null, none of the parent's GPU
+    files held (a dead parent's device memory is not kept alive by its workers)."""
+    os.setpgid(0, 0)
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError, ValueError):
+                fd = int(name)
+                if fd > 2 and fd != wfd and os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/nvidia"):
+                    os.close(fd)
+
+
 def _leader(chunks: list[list[tuple[int, str]]], device: int, target: Any, wfd: int) -> None:
-    """The first worker: forks one worker per other chunk (a fork copies this process's
-    page tables: ~10–50 ms each for a process holding torch and a model, paid here rather
-    than on the parent's first call), compiles the first chunk, reaps the others, exits."""
+    """The first worker: detaches, does Triton's per-process setup once (its cache key
+    hashes libtriton; the driver's utilities), forks one worker per other chunk (a fork
+    copies this process's page tables: ~10–50 ms each for a process holding torch and a
+    model, paid here rather than on the parent's first call), compiles the first chunk,
+    reaps the others, exits."""
     pids = []
     try:
+        _detach(wfd)
+        _setup(device, target)
         for chunk in chunks[1:]:
             pid = os.fork()
             if pid == 0:
@@ -231,7 +384,7 @@ def _leader(chunks: list[list[tuple[int, str]]], device: int, target: Any, wfd: 
     except BaseException:  # noqa: BLE001 - fewer workers: the parent compiles what is missing
         pass
     try:
-        _compile(chunks[0], device, target, wfd)
+        _compile(chunks[0], target, wfd)
         for pid in pids:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
@@ -241,27 +394,35 @@ def _leader(chunks: list[list[tuple[int, str]]], device: int, target: Any, wfd: 
         os._exit(0)
 
 
-def _child(chunk: list[tuple[int, str]], device: int, target: Any, wfd: int) -> None:
-    """A forked worker: `_compile`, then exit (never return into the parent's code)."""
-    try:
-        _compile(chunk, device, target, wfd)
-    except BaseException:  # noqa: BLE001
-        pass
-    finally:
-        os._exit(0)
-
-
-def _compile(chunk: list[tuple[int, str]], device: int, target: Any, wfd: int) -> None:
-    """Compile each specialisation into the on-disk cache, build its launcher, write one
-    line per entry to `wfd`. CUDA is never called: the driver answers with the parent's
-    device and target."""
+def _setup(device: int, target: Any) -> None:
+    """Triton's state for compiling here: no hooks, a driver that answers with the
+    parent's device and target (CUDA is never called), its cache key computed."""
     from triton import knobs
+    from triton.runtime.cache import triton_key
     from triton.runtime.driver import driver
 
     knobs.runtime.jit_cache_hook = knobs.runtime.jit_post_compile_hook = None
     active = driver.active
     active.get_current_device = lambda: device
     active.get_current_target = lambda: target
+    triton_key()
+
+
+def _child(chunk: list[tuple[int, str]], device: int, target: Any, wfd: int) -> None:
+    """A forked worker: `_compile`, then exit (never return into the parent's code)."""
+    try:
+        _compile(chunk, target, wfd)
+    except BaseException:  # noqa: BLE001
+        pass
+    finally:
+        os._exit(0)
+
+
+def _compile(chunk: list[tuple[int, str]], target: Any, wfd: int) -> None:
+    """Compile each specialisation into the on-disk cache and build its launcher (triton
+    3.6 builds one per signature; 3.9's is generic), writing one line per entry to `wfd`."""
+    from triton.runtime.driver import driver
+
     functions = _jit_functions()
     for i, spec in chunk:
         t0 = time.perf_counter()
@@ -269,8 +430,8 @@ def _compile(chunk: list[tuple[int, str]], device: int, target: Any, wfd: int) -
             fn = functions.get(str(json.loads(spec).get("name")))
             if fn is None:
                 raise LookupError("not an advisor kernel")
-            kernel = fn.preload(spec)
-            active.launcher_cls(kernel.src, kernel.metadata)  # its .so into the cache
+            kernel = fn.preload(_rebuilt(spec, fn, target, i))
+            driver.active.launcher_cls(kernel.src, kernel.metadata)
             status = "ok"
         except Exception as exc:  # the parent compiles it as before
             status = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"

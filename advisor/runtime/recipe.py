@@ -20,7 +20,8 @@ Schema (schema_version 1)::
 `kernels` (optional) lists the Triton kernels each bucket's first call compiled, each as
 Triton's serialised specialisation (a JSON text), so `apply` can compile them in other
 processes while the first call traces (runtime/precompile.py). Kernels are named, never
-imported: a name outside advisor's kernel modules is skipped.
+imported (a name outside advisor's kernel modules is skipped), and each specialisation
+must fit `precompile.check_spec`'s grammar (plain types, scalar constants, launch options).
 
 A hand-written plan file is also accepted: {"schema_version": 1, "kind": "advisor.plan",
 "fusions": [...], "configs": {...}, "cuda_graph": false} (one bucket covering every length).
@@ -40,6 +41,7 @@ from typing import Any
 from advisor.errors import RecipeError
 from advisor.kernels.space import decode
 from advisor.runtime.plan import FAMILIES, PLAN_FLAGS, Plan
+from advisor.runtime.precompile import SpecError, check_spec
 
 SCHEMA_VERSION = 1
 BEYOND = ("largest", "unfused")
@@ -160,8 +162,10 @@ def _kernels(obj: Any, path: str) -> dict[str, Any]:
             parsed = json.loads(spec)
         except json.JSONDecodeError as exc:
             raise RecipeError(f"invalid recipe at {p}.spec: not JSON ({exc.msg})") from None
-        _expect(isinstance(parsed, dict) and isinstance(parsed.get("name"), str), f"{p}.spec",
-                "expected a Triton specialisation (an object with a kernel name)")
+        try:
+            check_spec(parsed)
+        except SpecError as exc:
+            raise RecipeError(f"invalid recipe at {p}.spec: {exc}") from None
     return copy.deepcopy(obj)
 
 

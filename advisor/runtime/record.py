@@ -39,6 +39,7 @@ def record_kernels(model: torch.nn.Module, recipe: Recipe, inputs: Mapping[int, 
         if before_call is not None:
             before_call(length)
         precompile.reset_jit_caches()
+        fast._confirmed.clear()  # confirmation compiles count for this bucket too
         with precompile.record() as seen, torch.no_grad():
             call(fast, x)
         if torch.cuda.is_available():
@@ -48,9 +49,18 @@ def record_kernels(model: torch.nn.Module, recipe: Recipe, inputs: Mapping[int, 
 
 
 def bounds(recipe: Recipe) -> tuple[int, ...]:
-    """The lengths to record by default: each bucket's bound (a plan for every length has
-    none)."""
-    return tuple(b.max_len for b in recipe.buckets if b.max_len < 2**31 - 1)
+    """The lengths to record by default: each bucket's bound and, where the bucket holds
+    it, the length below (a bound is mostly a multiple of 16, which Triton specialises
+    integer arguments on: most lengths inside the bucket are not). A plan for every
+    length has no bound."""
+    out: list[int] = []
+    lower = 0
+    for b in recipe.buckets:
+        if b.max_len >= 2**31 - 1:
+            break
+        out += [n for n in (b.max_len, b.max_len - 1) if n > max(lower, 1) or n == b.max_len]
+        lower = b.max_len
+    return tuple(sorted(set(out)))
 
 
 def record_model_file(mf: ModelFile, model: torch.nn.Module, recipe: Recipe,
