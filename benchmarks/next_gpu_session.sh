@@ -13,7 +13,8 @@
 #           plan at 1 token, ablate 1/512, four memory-bound kernels at 2048/8192
 #   coldstart  benchmarks/cold_start.py in fresh processes at 1 token, cold then warm caches:
 #           PLAN (default RECIPE: on another card, pass one whose environment is empty; per
-#           COLD_THREADS confirmation-thread count) and torch.compile reduce-overhead
+#           COLD_THREADS confirmation-thread count; "manifest": PLAN with its kernels
+#           recorded first, $OUT/recorded.json) and torch.compile reduce-overhead
 #           -> $OUT/coldstart-*.json
 #   attention  attention_probe.py at 512/2048/8192: ours + RoPE vs RoPE + SDPA, eager/compiled;
 #           SDPA and ours reading the materialised causal mask, and ours on it marked causal
