@@ -48,9 +48,12 @@ MAX_WAIT_S = 20.0  # a bucket waits at most this long for its kernels: then it c
 
 # ---- what a specialisation may hold ---------------------------------------------------
 _SCALAR = r"(i1|i8|i16|i32|i64|u1|u8|u16|u32|u64|fp8e4nv|fp8e5|fp8e4b15|fp8e4b8|fp8e5b16|fp16|bf16|fp32|fp64)"
-_TYPE = re.compile(rf"^(\*k?{_SCALAR}|{_SCALAR}|constexpr|nvTmaDesc|tensordesc<{_SCALAR}\[\d+(, ?\d+)*\]>)$")
-_WORD = re.compile(r"^[A-Za-z0-9_.]{0,64}$")  # a string constant (a dtype's name, a mode)
-_ATTR = re.compile(r"^tt\.\w{1,32}$")
+_TYPE = re.compile(rf"\*k?{_SCALAR}|{_SCALAR}|constexpr|nvTmaDesc|tensordesc<{_SCALAR}\[\d+(, ?\d+)*\]>")
+_WORD = re.compile(r"[A-Za-z0-9_.]{0,64}")  # a string constant (a dtype's name, a mode)
+# Triton keys a constant by its str(): a string spelled like a number, a bool or None would
+# share the key of that value and poison the cache with the other branch's kernel
+_ALIAS = re.compile(r"None|True|False|[-+]?(inf|nan)|[-+0-9.eE]+", re.IGNORECASE)
+_ATTR = re.compile(r"tt\.\w{1,32}")
 # options a launch sets (`kernel[grid](..., num_warps=…)`); Triton fills in the others
 LAUNCH_OPTIONS = {"num_warps": int, "num_stages": int, "num_ctas": int, "maxnreg": (int, type(None)),
                   "launch_pdl": bool, "launch_cooperative_grid": bool}
@@ -69,7 +72,7 @@ def _is_path(p: Any) -> bool:
 
 def _is_type(t: Any, depth: int = 0) -> bool:
     if isinstance(t, str):
-        return bool(_TYPE.match(t))
+        return bool(_TYPE.fullmatch(t))
     return isinstance(t, list) and depth < 4 and len(t) <= 64 and all(_is_type(x, depth + 1) for x in t)
 
 
@@ -77,7 +80,7 @@ def _is_constant(v: Any, depth: int = 0) -> bool:
     if v is None or isinstance(v, (bool, int, float)):
         return True
     if isinstance(v, str):
-        return bool(_WORD.match(v))
+        return bool(_WORD.fullmatch(v)) and not (v and _ALIAS.fullmatch(v))
     if isinstance(v, dict):  # {"constexpr": value}; 3.9's {"jit_function": …} is refused
         return set(v) == {"constexpr"} and _is_constant(v["constexpr"], depth + 1)
     return isinstance(v, list) and depth < 4 and len(v) <= 64 and all(_is_constant(x, depth + 1) for x in v)
@@ -98,11 +101,14 @@ def check_spec(spec: Any) -> dict[str, Any]:
     if not (isinstance(ck, list) and isinstance(cv, list) and len(ck) == len(cv)
             and all(_is_path(k) for k in ck) and all(_is_constant(v) for v in cv)):
         raise SpecError("constants: expected index paths and scalar values")
+    constexprs = sorted([i] for i, t in enumerate(sig.values()) if t == "constexpr")
+    if sorted(ck) != constexprs:  # each constant at its own constexpr argument, once
+        raise SpecError("constants: not at the signature's constexpr arguments")
     ak, av = spec.get("attrs_keys", []), spec.get("attrs_vals", [])
     if not (isinstance(ak, list) and isinstance(av, list) and len(ak) == len(av)
             and all(_is_path(k) for k in ak)
             and all(isinstance(a, list) and all(
-                isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and _ATTR.match(p[0])
+                isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and _ATTR.fullmatch(p[0])
                 and isinstance(p[1], int) and not isinstance(p[1], bool) for p in a) for a in av)):
         raise SpecError("attributes: expected index paths and [tt.name, int] pairs")
     options = spec.get("options", {})
@@ -112,8 +118,9 @@ def check_spec(spec: Any) -> dict[str, Any]:
     for key, kind in LAUNCH_OPTIONS.items():
         if key in options:
             value = options[key]
-            if not isinstance(value, kind) or (isinstance(value, int) and not isinstance(value, bool)
-                                               and kind is int and not 0 < value <= 1024):
+            ints = kind is int or kind == (int, type(None))
+            if (not isinstance(value, kind) or (ints and isinstance(value, bool))
+                    or (ints and value is not None and not 0 < value <= 1024)):
                 raise SpecError(f"options.{key}: {value!r}")
             launch[key] = value
     return {"name": spec["name"], "signature": sig, "constant_keys": ck, "constant_vals": cv,
@@ -164,7 +171,8 @@ def reset_jit_caches() -> None:
 @contextlib.contextmanager
 def record() -> Iterator[list[str]]:
     """The serialised specialisations of the advisor kernels compiled inside the block
-    (from any thread), in order, each once. Chains to a hook set before."""
+    (from any thread), in order, each once; those `check_spec` refuses are not kept.
+    Chains to a hook set before."""
     from triton import knobs
 
     seen: list[str] = []
@@ -173,7 +181,7 @@ def record() -> Iterator[list[str]]:
 
     def hook(**kwargs: Any) -> Any:
         fn, spec = kwargs.get("fn"), kwargs.get("compile", {}).get("specialization_data")
-        if spec and str(getattr(fn, "module", "")).startswith(PREFIX):
+        if spec and str(getattr(fn, "module", "")).startswith(PREFIX) and _checks(spec):
             with lock:
                 if spec not in seen:
                     seen.append(spec)
@@ -184,6 +192,15 @@ def record() -> Iterator[list[str]]:
         yield seen
     finally:
         knobs.runtime.jit_post_compile_hook = before
+
+
+def _checks(spec: str) -> bool:
+    """Whether a recipe could carry this specialisation (`check_spec`)."""
+    try:
+        check_spec(json.loads(spec))
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def target_name() -> str | None:
@@ -254,13 +271,13 @@ class Precompile:
                         with self._cond:
                             self.done[int(i)] = (str(status), float(seconds))
                             self._cond.notify_all()
-            for pid in pids:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, 0)
         finally:
-            with self._cond:
+            with self._cond:  # EOF: every worker has exited (before the reap: `stop` is a no-op)
                 self.closed = True
                 self._cond.notify_all()
+        for pid in pids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
     def stop(self) -> None:
         """Kill the workers still running (a wait that timed out; this process's exit)."""
@@ -305,10 +322,19 @@ def _worker_count(entries: int) -> int:
 
 def start(kernels: Mapping[str, Any], workers: int | None = None) -> Precompile | None:
     """Fork workers compiling `kernels` (a recipe's field); None where `unusable` says
-    why not, or when the fork fails."""
+    why not, or when anything fails before the fork (an optimisation: apply goes on)."""
     if unusable(kernels):
         return None
+    try:
+        return _start(kernels, workers)
+    except Exception:  # noqa: BLE001 - no fds, no kernels module: compile in the parent
+        return None
+
+
+def _start(kernels: Mapping[str, Any], workers: int | None) -> Precompile | None:
     import torch
+    import triton.compiler.compiler  # noqa: F401 - imported before the fork: no import lock
+    import triton.runtime.build  # noqa: F401 - another thread could hold across it
     from triton.backends.compiler import GPUTarget
 
     from advisor.kernels.registry import all_kernels
@@ -326,6 +352,7 @@ def start(kernels: Mapping[str, Any], workers: int | None = None) -> Precompile 
     for stream in (sys.stdout, sys.stderr):  # a child must not write out the parent's buffer
         with contextlib.suppress(Exception):
             stream.flush()
+    parent = os.getpid()
     try:
         with warnings.catch_warnings():  # "multi-threaded, fork() may deadlock": the child
             warnings.simplefilter("ignore", DeprecationWarning)  # runs only Triton's compiler
@@ -336,7 +363,7 @@ def start(kernels: Mapping[str, Any], workers: int | None = None) -> Precompile 
         return None
     if pid == 0:  # the leader: forks the other workers (off the parent's thread), never returns
         os.close(rfd)
-        _leader(chunks, device, target, wfd)
+        _leader(chunks, device, target, wfd, parent)
     os.close(wfd)
     handle.leader = pid
     atexit.register(handle.stop)
@@ -345,19 +372,30 @@ def start(kernels: Mapping[str, Any], workers: int | None = None) -> Precompile 
     return handle
 
 
+def _die_with(parent: int) -> None:
+    """SIGKILL this process when its parent dies (Linux; the flag is not inherited by a
+    fork, so each worker sets it), and exit now if the parent already has."""
+    import gc
+
+    gc.disable()  # no finaliser of the parent's objects (CUDA tensors) runs here
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(0)
+
+
 def _detach(wfd: int) -> None:
     """In the leader, before it forks the others: its own process group (the parent can
     stop them all), killed with the parent, output to /dev/null, none of the parent's GPU
     files held (a dead parent's device memory is not kept alive by its workers)."""
     os.setpgid(0, 0)
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    os.close(null)
+    if null > 2:
+        os.close(null)
     with contextlib.suppress(OSError):
         for name in os.listdir("/proc/self/fd"):
             with contextlib.suppress(OSError, ValueError):
@@ -366,7 +404,8 @@ def _detach(wfd: int) -> None:
                     os.close(fd)
 
 
-def _leader(chunks: list[list[tuple[int, str]]], device: int, target: Any, wfd: int) -> None:
+def _leader(chunks: list[list[tuple[int, str]]], device: int, target: Any, wfd: int,
+            parent: int) -> None:
     """The first worker: detaches, does Triton's per-process setup once (its cache key
     hashes libtriton; the driver's utilities), forks one worker per other chunk (a fork
     copies this process's page tables: ~10–50 ms each for a process holding torch and a
@@ -374,12 +413,14 @@ def _leader(chunks: list[list[tuple[int, str]]], device: int, target: Any, wfd: 
     reaps the others, exits."""
     pids = []
     try:
+        _die_with(parent)
         _detach(wfd)
         _setup(device, target)
+        me = os.getpid()
         for chunk in chunks[1:]:
             pid = os.fork()
             if pid == 0:
-                _child(chunk, device, target, wfd)
+                _child(chunk, me, target, wfd)
             pids.append(pid)
     except BaseException:  # noqa: BLE001 - fewer workers: the parent compiles what is missing
         pass
@@ -408,9 +449,10 @@ def _setup(device: int, target: Any) -> None:
     triton_key()
 
 
-def _child(chunk: list[tuple[int, str]], device: int, target: Any, wfd: int) -> None:
+def _child(chunk: list[tuple[int, str]], leader: int, target: Any, wfd: int) -> None:
     """A forked worker: `_compile`, then exit (never return into the parent's code)."""
     try:
+        _die_with(leader)
         _compile(chunk, target, wfd)
     except BaseException:  # noqa: BLE001
         pass

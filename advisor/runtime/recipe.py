@@ -21,7 +21,8 @@ Schema (schema_version 1)::
 Triton's serialised specialisation (a JSON text), so `apply` can compile them in other
 processes while the first call traces (runtime/precompile.py). Kernels are named, never
 imported (a name outside advisor's kernel modules is skipped), and each specialisation
-must fit `precompile.check_spec`'s grammar (plain types, scalar constants, launch options).
+must fit `precompile.check_spec`'s grammar (plain types, scalar constants, launch options);
+one that does not is left out with a warning (the plans stand).
 
 A hand-written plan file is also accepted: {"schema_version": 1, "kind": "advisor.plan",
 "fusions": [...], "configs": {...}, "cuda_graph": false} (one bucket covering every length).
@@ -34,6 +35,7 @@ import json
 import math
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,6 +151,7 @@ def _kernels(obj: Any, path: str) -> dict[str, Any]:
     for key in ("triton", "target"):
         _expect(isinstance(obj[key], str), f"{path}.{key}", "expected a string")
     _expect(isinstance(obj["entries"], list), f"{path}.entries", "expected a list")
+    kept = []
     for i, e in enumerate(obj["entries"]):
         p = f"{path}.entries[{i}]"
         _keys(e, p, {"buckets", "spec"})
@@ -159,14 +162,15 @@ def _kernels(obj: Any, path: str) -> dict[str, Any]:
         _expect(isinstance(spec, str) and len(spec) <= MAX_SPEC_CHARS, f"{p}.spec",
                 f"expected a JSON text of at most {MAX_SPEC_CHARS} characters")
         try:
-            parsed = json.loads(spec)
-        except json.JSONDecodeError as exc:
-            raise RecipeError(f"invalid recipe at {p}.spec: not JSON ({exc.msg})") from None
-        try:
-            check_spec(parsed)
-        except SpecError as exc:
-            raise RecipeError(f"invalid recipe at {p}.spec: {exc}") from None
-    return copy.deepcopy(obj)
+            check_spec(json.loads(spec))
+        except (json.JSONDecodeError, SpecError) as exc:
+            # an accelerator, not the plan: a specialisation this advisor cannot vouch for (a
+            # newer Triton's form, say) is left out, the rest of the recipe stands
+            warnings.warn(f"advisor: recipe {p}.spec left out ({exc}); its kernel compiles "
+                          "on the first call instead", stacklevel=3)
+            continue
+        kept.append(copy.deepcopy(e))
+    return {**copy.deepcopy(obj), "entries": kept}
 
 
 def recipe_from_json(obj: Any) -> Recipe:
