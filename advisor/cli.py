@@ -197,7 +197,7 @@ def record_kernels_cmd(
     recipe: Annotated[Path, typer.Option(help="recipe JSON (advisor tune --out)")],
     out: Annotated[Path | None, typer.Option("--out", help="recipe to write (default: --recipe)")] = None,
     shapes: Annotated[str | None, typer.Option(
-        "--shapes", help="one length per bucket to run (default: each bucket's bound)")] = None,
+        "--shapes", help="lengths to run (default: each bucket's bound and the length below it)")] = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
 ) -> None:

@@ -257,3 +257,8 @@ def test_record_kernels_needs_cuda(tmp_path):
                            str(recipe), "--device", "cpu"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "needs a CUDA device" in proc.stderr
     assert recipe.read_text() == before
+
+
+def test_manifest_lists_each_spec_once_with_its_buckets():
+    m = precompile.manifest({512: ["b", "a"], 128: ["a", "a"]})  # 128 recorded at 127 and 128
+    assert m["entries"] == [{"buckets": [128, 512], "spec": "a"}, {"buckets": [512], "spec": "b"}]

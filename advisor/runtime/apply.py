@@ -246,13 +246,12 @@ def apply(model: torch.nn.Module, recipe: Recipe | Plan, *, strict: bool = False
                         model=recipe.model, environment=recipe.environment,
                         beyond_largest=recipe.beyond_largest)
     precompiling = None
-    if any(p.is_cuda for p in model.parameters()) and recipe.kernels:
-        # fork the compile workers first, before this process starts threads of its own
-        precompiling = precompile.start(recipe.kernels)
-        if precompiling is None and os.environ.get("ADVISOR_PRECOMPILE", "1") != "0":
-            reason = precompile.unusable(recipe.kernels) or "the workers could not start"
-            warnings.warn(f"advisor: the recipe's kernels compile on the first call ({reason})",
-                          stacklevel=2)
     if any(p.is_cuda for p in model.parameters()):
+        if recipe.kernels:  # fork the compile workers before this process starts threads
+            precompiling = precompile.start(recipe.kernels)
+            if precompiling is None and os.environ.get("ADVISOR_PRECOMPILE", "1") != "0":
+                reason = precompile.unusable(recipe.kernels) or "the workers could not start"
+                warnings.warn(f"advisor: the recipe's kernels compile on the first call ({reason})",
+                              stacklevel=2)
         warm_start()  # Triton's per-process setup, while the first call traces
     return AdvisedModel(model, recipe, length_of=length_of, precompiling=precompiling)

@@ -54,9 +54,21 @@ _WORD = re.compile(r"[A-Za-z0-9_.]{0,64}")  # a string constant (a dtype's name,
 # share the key of that value and poison the cache with the other branch's kernel
 _ALIAS = re.compile(r"None|True|False|[-+]?(inf|nan)|[-+0-9.eE]+", re.IGNORECASE)
 _ATTR = re.compile(r"tt\.\w{1,32}")
-# options a launch sets (`kernel[grid](..., num_warps=…)`); Triton fills in the others
-LAUNCH_OPTIONS = {"num_warps": int, "num_stages": int, "num_ctas": int, "maxnreg": (int, type(None)),
-                  "launch_pdl": bool, "launch_cooperative_grid": bool}
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1024
+
+
+def _flag(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+# options a launch sets (`kernel[grid](..., num_warps=…)`), each with its check; Triton
+# fills in the others
+LAUNCH_OPTIONS = {"num_warps": _count, "num_stages": _count, "num_ctas": _count,
+                  "maxnreg": lambda v: v is None or _count(v), "launch_pdl": _flag,
+                  "launch_cooperative_grid": _flag}
 SPEC_KEYS = {"name", "signature", "constant_keys", "constant_vals", "attrs_keys", "attrs_vals",
              "options", "key", "target"}
 
@@ -114,15 +126,10 @@ def check_spec(spec: Any) -> dict[str, Any]:
     options = spec.get("options", {})
     if not isinstance(options, dict):
         raise SpecError("options: expected an object")
-    launch = {}
-    for key, kind in LAUNCH_OPTIONS.items():
-        if key in options:
-            value = options[key]
-            ints = kind is int or kind == (int, type(None))
-            if (not isinstance(value, kind) or (ints and isinstance(value, bool))
-                    or (ints and value is not None and not 0 < value <= 1024)):
-                raise SpecError(f"options.{key}: {value!r}")
-            launch[key] = value
+    launch = {key: options[key] for key in LAUNCH_OPTIONS if key in options}
+    for key, value in launch.items():
+        if not LAUNCH_OPTIONS[key](value):
+            raise SpecError(f"options.{key}: {value!r}")
     return {"name": spec["name"], "signature": sig, "constant_keys": ck, "constant_vals": cv,
             "attrs_keys": ak, "attrs_vals": av, "options": launch}
 
@@ -221,7 +228,9 @@ def manifest(specs_by_bucket: Mapping[int, Iterable[str]]) -> dict[str, Any]:
     entries: dict[str, list[int]] = {}
     for bound in sorted(specs_by_bucket):
         for spec in specs_by_bucket[bound]:
-            entries.setdefault(spec, []).append(bound)
+            buckets = entries.setdefault(spec, [])
+            if bound not in buckets:  # a bucket recorded at two lengths lists it twice
+                buckets.append(bound)
     return {"triton": triton.__version__, "target": target_name(),
             "entries": [{"buckets": b, "spec": s} for s, b in entries.items()]}
 

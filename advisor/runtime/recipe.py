@@ -46,6 +46,7 @@ from advisor.runtime.plan import FAMILIES, PLAN_FLAGS, Plan
 from advisor.runtime.precompile import SpecError, check_spec
 
 SCHEMA_VERSION = 1
+EVERY_LENGTH = 2**31 - 1  # the bound of a plan file's one bucket: no length past it
 BEYOND = ("largest", "unfused")
 MEASURED_FLOATS = ("unfused_ms", "tuned_ms", "max_error")
 
@@ -89,7 +90,7 @@ class Recipe:
 
     @staticmethod
     def from_plan(plan: Plan) -> Recipe:
-        return Recipe(buckets=(Bucket(max_len=2**31 - 1, plan=plan),))
+        return Recipe(buckets=(Bucket(max_len=EVERY_LENGTH, plan=plan),))
 
 
 # ---- validation: every check names the JSON path it rejects -------------------------

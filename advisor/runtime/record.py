@@ -20,7 +20,7 @@ import torch
 from advisor.loader import Inputs, ModelFile, call, inputs_for
 from advisor.runtime import precompile
 from advisor.runtime.apply import apply
-from advisor.runtime.recipe import Recipe
+from advisor.runtime.recipe import EVERY_LENGTH, Recipe
 
 
 def record_kernels(model: torch.nn.Module, recipe: Recipe, inputs: Mapping[int, Inputs], *,
@@ -44,7 +44,7 @@ def record_kernels(model: torch.nn.Module, recipe: Recipe, inputs: Mapping[int, 
             call(fast, x)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        specs.setdefault(bucket.max_len, []).extend(s for s in seen if s not in specs.get(bucket.max_len, []))
+        specs.setdefault(bucket.max_len, []).extend(seen)
     return replace(recipe, kernels=precompile.manifest(specs) if specs else None)
 
 
@@ -56,7 +56,7 @@ def bounds(recipe: Recipe) -> tuple[int, ...]:
     out: list[int] = []
     lower = 0
     for b in recipe.buckets:
-        if b.max_len >= 2**31 - 1:
+        if b.max_len >= EVERY_LENGTH:
             break
         out += [n for n in (b.max_len, b.max_len - 1) if n > max(lower, 1) or n == b.max_len]
         lower = b.max_len

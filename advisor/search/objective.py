@@ -319,7 +319,7 @@ def describe(ctx: Context, req: dict[str, Any], stage: Stage) -> dict[str, Any]:
 
 def record(ctx: Context, req: dict[str, Any], stage: Stage) -> dict[str, Any]:
     """The kernels each bucket of the tuned recipe compiles (its `kernels` field:
-    runtime/record.py), recorded in this worker at each bucket's bound."""
+    runtime/record.py), recorded in this worker at `record.bounds`' lengths."""
     from advisor.runtime.recipe import recipe_from_json
     from advisor.runtime.record import bounds, record_model_file
 
