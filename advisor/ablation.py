@@ -24,6 +24,16 @@ slower than the recipe's row, a bias as large as some savings. A family that att
 site in the plan is not timed at all: without it the rewrite builds the same graph, so its
 saving is 0 by construction (one whose sites were all refused is timed: the graph-wide
 passes run only where some family tried a site).
+
+Alone (`alone_rows`): the analyzer predicts each family's saving over the *unfused* graph,
+under CUDA graphs, its sites timed without PDL (runtime/site_probe.py). A leave-one-out
+measures something else, a margin inside the plan. So each family of the plan is also
+applied by itself to the unfused model, with the plan's CUDA-graph flag and without PDL:
+
+    measured_saving_ms(f) = t(unfused) − t(f alone)
+
+the quantity the prediction names, site for site (every site f matches, none taken by a
+deeper family). t(unfused) is timed before and after the families, as the plan is above.
 """
 
 from __future__ import annotations
@@ -50,6 +60,14 @@ def leave_one_out(plan: Plan) -> list[tuple[str, Plan]]:
     return out
 
 
+def alone(plan: Plan) -> tuple[Plan, list[tuple[str, Plan]]]:
+    """The unfused baseline (the plan's CUDA-graph flag, no PDL: the analyzer's site probes
+    launch without it) and each family of the plan applied alone on it, with its config."""
+    base = replace(plan, fusions=(), configs={}, pdl=False)
+    return base, [(f, replace(base, fusions=(f,), configs={f: plan.configs[f]} if f in plan.configs else {}))
+                  for f in plan.fusions]
+
+
 def taken_over(plan_sites: Mapping[str, int], without_sites: Mapping[str, int]) -> dict[str, int]:
     """Families applied at more sites without the removed one than with it: family -> how
     many more."""
@@ -67,16 +85,7 @@ def ablation_rows(shape: int, plan: Plan, recipe_ms: float,
     if neither run works it is recipe_ms and every row says so (`baseline_error`). A plan
     that raises is a row with its error. Rows carry both timings so a reader can recompute
     the saving."""
-    runs: list[float] = []
-    errors: list[str] = []
-
-    def baseline() -> None:
-        try:
-            runs.append(time_plan(plan)[0])
-        except Exception as exc:  # the rows still compare with the recipe's own timing
-            errors.append(one_line(exc))
-
-    baseline()
+    baseline = _Baseline(lambda: time_plan(plan)[0])
     rows = []
     for removed, without in leave_one_out(plan):
         row: dict[str, Any] = {"shape": shape, "removed": removed, "recipe_ms": recipe_ms}
@@ -93,14 +102,61 @@ def ablation_rows(shape: int, plan: Plan, recipe_ms: float,
         except Exception as exc:  # a plan that fails here is a result, not a crash
             row.update(without_ms=None, measured_saving_ms=None, error=one_line(exc))
         rows.append(row)
-    baseline()
-    plan_ms = sum(runs) / len(runs) if runs else recipe_ms
+    baseline.again()
+    plan_ms = baseline.ms if baseline.runs else recipe_ms
     for row in rows:
-        row.update(plan_ms=plan_ms, plan_ms_runs=list(runs))
-        if errors and not runs:
-            row["baseline_error"] = errors[0]
+        row.update(plan_ms=plan_ms, plan_ms_runs=list(baseline.runs))
+        if baseline.errors and not baseline.runs:
+            row["baseline_error"] = baseline.errors[0]
         if row.get("same_graph"):
             row["without_ms"] = plan_ms
         elif row.get("without_ms") is not None:
             row["measured_saving_ms"] = row["without_ms"] - plan_ms
+    return rows
+
+
+class _Baseline:
+    """A reference timing taken before and after the rows it serves (their mean: drift
+    between the two shows as their spread); a failure is kept as text, never raised."""
+
+    def __init__(self, time: Callable[[], float]):
+        self.time, self.runs, self.errors = time, [], []
+        self.again()
+
+    def again(self) -> None:
+        try:
+            self.runs.append(self.time())
+        except Exception as exc:  # rows still stand: compared with another timing, or none
+            self.errors.append(one_line(exc))
+
+    @property
+    def ms(self) -> float | None:
+        return sum(self.runs) / len(self.runs) if self.runs else None
+
+
+def alone_rows(shape: int, plan: Plan,
+               time_plan: Callable[[Plan], tuple[float, dict[str, int]]]) -> list[dict[str, Any]]:
+    """One row per family of `plan`: the unfused model with it alone (`alone`), timed by
+    `time_plan` like the plan, against the unfused model timed before and after. Each row:
+    `unfused_ms` (+ `unfused_ms_runs`), `with_ms`, the sites it applied alone (`sites`), and
+    `measured_saving_ms` = unfused − with; a family that fails is a row with its error, an
+    unfused model that fails to time leaves every saving None with `baseline_error`."""
+    base, each = alone(plan)
+    baseline = _Baseline(lambda: time_plan(base)[0])
+    rows: list[dict[str, Any]] = []
+    for family, only in each:
+        row: dict[str, Any] = {"shape": shape, "family": family, "cuda_graph": base.cuda_graph}
+        try:
+            ms, sites = time_plan(only)
+            row.update(with_ms=ms, sites=sites.get(family, 0))
+        except Exception as exc:  # a family that fails alone is a result, not a crash
+            row.update(with_ms=None, sites=None, error=one_line(exc))
+        rows.append(row)
+    baseline.again()
+    for row in rows:
+        row.update(unfused_ms=baseline.ms, unfused_ms_runs=list(baseline.runs), measured_saving_ms=None)
+        if baseline.errors and not baseline.runs:
+            row["baseline_error"] = baseline.errors[0]
+        elif row["with_ms"] is not None and baseline.ms is not None:
+            row["measured_saving_ms"] = baseline.ms - row["with_ms"]
     return rows

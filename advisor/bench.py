@@ -13,7 +13,9 @@ holds these rows under "generation", next to "rows".
 
 With `--ablate`, each shape's plan is also timed with each of its fusions left out (and
 without CUDA graphs): the measured saving per family (advisor/ablation.py), under
-"ablation", which `advisor report` sets against the analyzer's prediction.
+"ablation", which `advisor report` sets against the analyzer's prediction. With `--alone`,
+each family of the plan is timed by itself on the unfused model instead (the analyzer's
+own terms), under "alone".
 
 Every row also carries `x_floor`: its latency as a multiple of the shape's floor
 (`advisor/profile/floor.py`: weights + live KV cache ÷ copy bandwidth, or FLOPs ÷ matmul
@@ -28,7 +30,7 @@ from typing import Any
 
 import torch
 
-from advisor.ablation import ablation_rows
+from advisor.ablation import ablation_rows, alone_rows
 from advisor.env import source_revision
 from advisor.errors import AdvisorError, ModelFileError
 from advisor.generate import Generation, advancer, cache_capacity, check_capacity, compare, timed_greedy
@@ -62,6 +64,7 @@ class BenchResult:
     meta: dict[str, Any] = field(default_factory=dict)
     generation: list[dict[str, Any]] = field(default_factory=list)  # phase decode, --generate N
     ablation: list[dict[str, Any]] = field(default_factory=list)    # --ablate (advisor/ablation.py)
+    alone: list[dict[str, Any]] = field(default_factory=list)       # --alone (advisor/ablation.py)
     floors: list[dict[str, Any]] = field(default_factory=list)      # per shape (profile/floor.py)
 
 
@@ -101,7 +104,7 @@ def fp32_truth(mf: ModelFile, model: torch.nn.Module, shapes: tuple[int, ...], b
 def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int,
               device: torch.device, dtype: torch.dtype, compile_modes: tuple[str, ...],
               phase: str = "prefill", truth: bool = True, generate: int = 0,
-              generate_reps: int = 3, ablate: bool = False) -> BenchResult:
+              generate_reps: int = 3, ablate: bool = False, alone: bool = False) -> BenchResult:
     """shapes are prompt lengths (prefill) or KV-cache context lengths (decode). Each
     shape's inputs are snapshot once; state they hold (a KV cache) is restored before
     every correctness check, so fused and eager see the same cache. With phase decode and
@@ -150,17 +153,21 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
         if gen:
             gen.run("advisor", fast)
         result.applied = fast.summary()
-        if ablate:
-            advisor_ms = {r["shape"]: r["ms"] for r in rows if r["variant"] == "advisor"}
-            for t in shapes:
-                context["len"] = t
-                bucket = recipe.bucket_for(t)
-                if bucket is not None and advisor_ms.get(t) is not None:
-                    result.ablation += ablation_rows(
-                        t, bucket.plan, advisor_ms[t], lambda p, t=t, bound=bucket.max_len: _time_plan(
-                            model, Bucket(bound, p), inputs[t], states[t], device, length_of, reset[t]),
-                        sites_applied(result.applied, bucket.max_len),
-                        sites_tried(result.applied, bucket.max_len))
+        advisor_ms = {r["shape"]: r["ms"] for r in rows if r["variant"] == "advisor"}
+        for t in shapes if ablate or alone else ():
+            context["len"] = t
+            bucket = recipe.bucket_for(t)
+            if bucket is None or advisor_ms.get(t) is None:
+                continue
+
+            def time_plan(p: Any, t: int = t, bound: int = bucket.max_len) -> tuple[float, dict[str, int]]:
+                return _time_plan(model, Bucket(bound, p), inputs[t], states[t], device, length_of, reset[t])
+            if ablate:
+                result.ablation += ablation_rows(t, bucket.plan, advisor_ms[t], time_plan,
+                                                 sites_applied(result.applied, bucket.max_len),
+                                                 sites_tried(result.applied, bucket.max_len))
+            if alone:
+                result.alone += alone_rows(t, bucket.plan, time_plan)
         for mode in compile_modes:
             torch._dynamo.reset()
             compiled = torch.compile(model, mode=None if mode == "default" else mode)
@@ -339,4 +346,5 @@ class _GenerationBench:
 def to_json(r: BenchResult) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "kind": "advisor.bench", "environment": r.environment,
             "git_sha": source_revision(), "meta": r.meta, "rows": r.rows, "generation": r.generation,
-            "applied": r.applied, "ablation": r.ablation, "floors": r.floors}
+            "applied": r.applied, "ablation": r.ablation, "alone": r.alone,
+            "floors": r.floors}

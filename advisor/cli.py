@@ -109,6 +109,9 @@ def bench(
         "(per-token latency, tokens/s, tokens and logits vs eager)")] = 0,
     ablate: Annotated[bool, typer.Option(
         help="also time each shape's plan with each fusion left out: measured saving per family")] = False,
+    alone: Annotated[bool, typer.Option(
+        help="also time each family of each shape's plan alone on the unfused model: the saving "
+        "the analyzer predicts, measured")] = False,
 ) -> None:
     """Eager vs torch.compile vs the recipe, measured in one run, checked against eager."""
     if generate and phase != "decode":
@@ -125,12 +128,14 @@ def bench(
     dev, dt = _device_dtype(device, dtype)
     modes = tuple(m for m in compile_modes.split(",") if m and m != "none")
     result = run_bench(mf, rec, lengths, batch, dev, dt, modes, phase=phase, truth=truth,
-                       generate=generate, ablate=ablate)
+                       generate=generate, ablate=ablate, alone=alone)
     render_rows("latency per forward (median)", result.rows, stdout)
     render_generation(result.generation, stdout)
     render_rows("fusions applied", result.applied, stdout)
     if result.ablation:
         render_rows("measured saving per fusion (plan without it − plan)", result.ablation, stdout)
+    if result.alone:
+        render_rows("measured saving per fusion alone (unfused − unfused with it)", result.alone, stdout)
     if json_path is not None:
         write_json_atomic(json_path, to_json(result))
         stdout.print(f"[dim]wrote {json_path}[/dim]")

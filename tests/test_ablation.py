@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from advisor.ablation import ablation_rows, leave_one_out
+from advisor.ablation import ablation_rows, alone, alone_rows, leave_one_out
 from advisor.bench import run_bench, to_json
 from advisor.loader import load_model_file
 from advisor.report.html import render_html
@@ -96,19 +96,73 @@ def test_the_report_predicts_a_deep_familys_margin_over_the_families_that_take_i
     assert "the rewrite builds the same graph (not timed, saving 0; the analysis predicted" in page
 
 
-def test_bench_ablate_on_the_cpu_times_every_family_of_the_plan():
+def test_alone_applies_each_family_by_itself_on_the_unfused_graph_without_pdl():
+    plan = Plan(("add_rms_norm", "rope"), {"rope": "BLOCK_D=32"}, cuda_graph=True, pdl=True)
+    base, each = alone(plan)
+    assert base == Plan(cuda_graph=True)  # the probes the prediction comes from launch without PDL
+    assert each == [("add_rms_norm", Plan(("add_rms_norm",), cuda_graph=True)),
+                    ("rope", Plan(("rope",), {"rope": "BLOCK_D=32"}, cuda_graph=True))]
+
+
+def test_alone_rows_measure_against_the_unfused_model_timed_before_and_after():
+    unfused = iter([3.0, 3.2])
+
+    def time_plan(p):
+        if not p.fusions:
+            return next(unfused), {}
+        if p.fusions == ("gated_act",):
+            raise RuntimeError("refused\nmore")
+        return {"add_rms_norm": 2.5, "rope": 3.05}[p.fusions[0]], {p.fusions[0]: 4}
+
+    rows = {r["family"]: r for r in alone_rows(8, PLAN, time_plan)}
+    assert list(rows) == ["add_rms_norm", "rope", "gated_act"]
+    assert all(r["unfused_ms"] == 3.1 and r["unfused_ms_runs"] == [3.0, 3.2] and r["cuda_graph"]
+               for r in rows.values())
+    assert abs(rows["add_rms_norm"]["measured_saving_ms"] - 0.6) < 1e-12 and rows["add_rms_norm"]["sites"] == 4
+    assert abs(rows["rope"]["measured_saving_ms"] - 0.05) < 1e-12
+    assert rows["gated_act"]["measured_saving_ms"] is None and rows["gated_act"]["error"] == "RuntimeError: refused"
+
+    def broken(p):
+        if not p.fusions:
+            raise RuntimeError("out of memory")
+        return 1.0, {}
+    rows = alone_rows(8, Plan(("rope",)), broken)
+    assert rows[0]["measured_saving_ms"] is None and rows[0]["baseline_error"] == "RuntimeError: out of memory"
+
+
+def test_the_report_compares_an_alone_row_with_the_prediction_as_it_stands():
+    analysis = json.loads((RESULTS / "h200-analysis-2026-12-02.json").read_text())
+    shape = analysis["shapes"][0]
+    t = shape["seq_len"]
+    cand = next(c for c in shape["candidates"] if c["family"] == "add_rms_norm")
+    repriced = graph_priced(cand, analysis["ceilings"], small_kernel_us(shape))
+    bench = {"schema_version": 1, "kind": "advisor.bench", "rows": [], "applied": [],
+             "ablation": [{"shape": t, "removed": "add_rms_norm", "plan_ms": 1.45, "without_ms": 1.62,
+                           "measured_saving_ms": 0.17, "sites_in_plan": 16, "taken_over": {}}],
+             "alone": [{"shape": t, "family": "add_rms_norm", "cuda_graph": True, "unfused_ms": 2.0,
+                        "with_ms": 1.8, "sites": 16, "measured_saving_ms": 0.2}]}
+    page = render_html(analyses=[analysis], bench=bench, title="t")
+    assert "alone in the bench" in page and "leave-one-out in the bench" not in page  # alone preferred
+    assert f"{0.2 - repriced:+.3f} ms" in page
+
+
+def test_bench_ablate_and_alone_on_the_cpu_time_every_family_of_the_plan():
     mf = load_model_file("examples/tiny_llama.py")
     plan = Plan(("add_rms_norm", "gated_act"))
     # 4 tokens: each interpreted kernel runs a few programs (at 16, gated_act's default
     # tile ran 96 per launch, ~75 s in all); the leave-one-out rows do not depend on size.
     result = run_bench(mf, Recipe.from_plan(plan), (4,), 1, torch.device("cpu"), torch.float32, (),
-                       truth=False, ablate=True)
+                       truth=False, ablate=True, alone=True)
     rows = to_json(result)["ablation"]
     assert [r["removed"] for r in rows] == ["add_rms_norm", "gated_act"]
     advisor_ms = next(r["ms"] for r in result.rows if r["variant"] == "advisor")
     for r in rows:
         assert r["shape"] == 4 and r["recipe_ms"] == advisor_ms and r["plan_ms"] > 0 and r["without_ms"] > 0
         assert abs(r["measured_saving_ms"] - (r["without_ms"] - r["plan_ms"])) < 1e-12
+    rows = to_json(result)["alone"]
+    assert [(r["family"], r["sites"]) for r in rows] == [("add_rms_norm", 4), ("gated_act", 2)]  # 2 layers
+    for r in rows:
+        assert abs(r["measured_saving_ms"] - (r["unfused_ms"] - r["with_ms"])) < 1e-12
 
 
 def test_report_prefers_the_ablation_and_reprices_launches_under_graphs():

@@ -139,6 +139,11 @@ def ablation_at(bench: dict | None, length: int) -> dict[str, dict]:
             if r.get("shape") == length}
 
 
+def alone_at(bench: dict | None, length: int) -> dict[str, dict]:
+    """family -> its row timed alone on the unfused model at this length (empty without --alone)."""
+    return {str(r.get("family")): r for r in (bench or {}).get("alone", []) or [] if r.get("shape") == length}
+
+
 SMALL_KERNEL_BYTES = 1 << 20  # kernels moving less than this cost their fixed time alone
 
 
@@ -191,6 +196,23 @@ def marginal_prediction(row: dict, cands: dict[str, dict],
     return total
 
 
+def _alone_cells(row: dict, c: dict, ceilings: dict | None,
+                 kernel_us: float | None) -> list[tuple[str, bool]]:
+    """A family timed alone on the unfused model (advisor/ablation.py `alone_rows`): the
+    analyzer's own terms, so compared with its prediction as it stands (re-priced for CUDA
+    graphs when the row ran under them), no margin to work out."""
+    predicted = _num(c.get("predicted_saving_ms"))
+    tip = (f"alone in the bench at {row.get('shape')} tokens: unfused {_f(row.get('unfused_ms'))} ms − "
+           f"unfused with {row.get('family')} at {row.get('sites', DASH)} sites {_f(row.get('with_ms'))} ms")
+    if row.get("error") or row.get("baseline_error"):
+        tip += f" ({row.get('error') or row.get('baseline_error')})"
+    if row.get("cuda_graph") and (repriced := graph_priced(c, ceilings, kernel_us)) is not None:
+        tip += (f"; compared with the prediction re-priced for CUDA graphs, {repriced:.3f} ms "
+                f"(eager-priced {_f(predicted)} ms)")
+        predicted = repriced
+    return _error_cells(_num(row.get("measured_saving_ms")), predicted, tip)
+
+
 def _ablation_cells(row: dict, cands: dict[str, dict], ceilings: dict | None, graphs: bool,
                     kernel_us: float | None = None) -> list[tuple[str, bool]]:
     fam = row.get("removed")
@@ -234,7 +256,7 @@ def candidates_table(s: dict, bench: dict | None, recipe: dict | None,
     length, cands = s["seq_len"], s.get("candidates", [])
     plan = _plan_families(bench, recipe, length)
     found = family_attribution(history, [str(c.get("family")) for c in cands], length)
-    ablated = ablation_at(bench, length)
+    ablated, alone = ablation_at(bench, length), alone_at(bench, length)
     graphs = CUDA_GRAPH in ablated
     by_family = {str(c.get("family")): c for c in cands}
     rows, in_plan = [], 0.0
@@ -246,7 +268,9 @@ def candidates_table(s: dict, bench: dict | None, recipe: dict | None,
         if plan is not None and fam in plan and c.get("applicable", True) and c.get("kernel"):
             in_plan += predicted or 0.0
         fs = found[1].get(fam) if found is not None else None
-        if fam in ablated:
+        if fam in alone:
+            measured = _alone_cells(alone[fam], c, ceilings, small_kernel_us(s))
+        elif fam in ablated:
             measured = _ablation_cells(ablated[fam], by_family, ceilings, graphs, small_kernel_us(s))
         elif fs is not None and found is not None:
             measured = _error_cells(fs.saving_ms, predicted, _tip(fs, found[0], length))
@@ -278,7 +302,9 @@ def candidates_section(a: dict, bench: dict | None, recipe: dict | None,
             "trials with parameters at that length, or the family was always on, always off or toggled "
             "together with another: hover for why). A bench run with --ablate measures each family "
             "directly instead: the plan without it minus the plan, at that length; under CUDA graphs "
-            "it is compared with the prediction re-priced at the graph launch cost. The plan row "
+            "it is compared with the prediction re-priced at the graph launch cost. With --alone, each "
+            "family is timed by itself on the unfused model instead, the very saving the analyzer "
+            "predicts, and that measurement is shown where present. The plan row "
             "compares the sum of the predicted savings of the families in the plan with the plan's "
             "measured saving.</p>")
     return "".join(candidates_table(s, bench, recipe, history, a.get("ceilings"))
