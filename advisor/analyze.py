@@ -69,11 +69,12 @@ def find_candidates(model: torch.nn.Module, inputs: Any, ceilings: Ceilings,
     """Candidates priced by the ceilings; with `device`, each site's device-time saving
     measured there: merges as cuBLAS calls (profile/merge_probe.py), the other families'
     sites fused vs captured (runtime/site_probe.py, CUDA only)."""
-    matches = matches_of(capture(model, inputs))
+    captured = capture(model, inputs)
+    matches = matches_of(captured)
     if device is None:
         return tuple(candidates(matches, costs_from(ceilings)))
     merges = probe_merges(matches, device)
-    sites = probe_sites(matches, device)
+    sites = probe_sites(matches, device, weights=captured.parameter_nodes())
 
     def measured(m: Any) -> float | None:
         if m.kernel == MERGE_KERNEL:
@@ -85,7 +86,9 @@ def find_candidates(model: torch.nn.Module, inputs: Any, ceilings: Ceilings,
         if m.kernel == MERGE_KERNEL:
             return "merge shape unknown"
         return sites.reason(m)
-    return tuple(candidates(matches, costs_from(ceilings), measured, unmeasured))
+    def warm(m: Any) -> float | None:
+        return None if m.kernel == MERGE_KERNEL else sites.warm_saving_ms(m)
+    return tuple(candidates(matches, costs_from(ceilings), measured, unmeasured, warm))
 
 
 def analyze_shape(mf: ModelFile, model: torch.nn.Module, seq_len: int, batch: int,

@@ -79,6 +79,20 @@ def test_time_site_runs_both_spellings_on_the_probe_inputs(matches):
     assert {"rms_norm", "add_rms_norm"} & seen and len(seen) >= 3
 
 
+def test_the_warm_probe_reads_activations_and_leaves_weights_cold():
+    mf = load_model_file("examples/tiny_llama.py")
+    model = build(mf, CPU, torch.float32)
+    captured = capture(model, inputs_for(mf, 5, 1, CPU))
+    params = captured.parameter_nodes()
+    m = next(m for m in matches_of(captured) if len(m.operands.get("weights", [])) > 1
+             and m.kernel != "merged_linear")  # norm -> q/k/v: x (+ residual), norm weight, 3 weights
+    _, inputs, _ = extract(m)
+    (args,) = site_probe._arg_sets(m, inputs, 1, seed=0)
+    warm = [inputs[i] for i in site_probe.activations(inputs, args, params)]
+    assert warm and not set(warm) & params and all(w in params for w in m.operands["weights"])
+    assert m.operands["x"] in warm or any(a in warm for a in m.operands["x"].all_input_nodes)
+
+
 def test_weight_lists_are_adjacent_as_apply_lays_them(matches):
     norm_linear = [m for m in matches if len(m.operands.get("weights", [])) > 1
                    and m.kernel != "merged_linear"]
@@ -107,13 +121,20 @@ def test_probe_timings_price_the_candidates(matches):
         if fam in cands:
             assert cands[fam].device_saving_ms == pytest.approx(per_site * cands[fam].count)
             assert cands[fam].probe_note == ""
+        assert cands[fam].site_savings_ms == (per_site,) * cands[fam].count
+        assert cands[fam].device_saving_warm_ms is None  # no warm timings given
+    warmed = {c.family: c for c in candidates(matches, COSTS, measured, unmeasured,
+                                              lambda m: 0.001 if m.family == "rms_norm" else None)}
+    for fam, per_site in fixed.items():  # a site without a warm timing counts its cold one
+        want = (0.001 if fam == "rms_norm" else per_site) * warmed[fam].count
+        assert warmed[fam].device_saving_warm_ms == pytest.approx(want)
     others = [c for f, c in cands.items() if f not in fixed]
     assert others and all(c.device_saving_ms is None and c.probe_note == "skipped in this test"
                           for c in others)
 
 
 def test_a_failing_site_is_skipped_with_its_error(matches, monkeypatch):
-    def boom(m, device, seed=0):
+    def boom(m, device, seed=0, weights=()):
         raise RuntimeError("kernel failed to compile\nsecond line")
     monkeypatch.setattr(site_probe, "time_site", boom)
     monkeypatch.setattr(site_probe, "skip_reason", lambda m, device: None)
@@ -136,4 +157,5 @@ def test_analyze_probe_switch():
     on = to_json(analyze(mf, (5,), 1, CPU, torch.float32, ceil, iters=1))
     cands = {c["family"]: c for c in on["shapes"][0]["candidates"]}
     assert cands["qkv_merge"]["device_saving_ms"] is not None
+    assert len(cands["qkv_merge"]["site_savings_ms"]) == cands["qkv_merge"]["count"]
     assert cands["rms_norm"]["device_saving_ms"] is None and "CUDA" in cands["rms_norm"]["probe_note"]

@@ -39,6 +39,11 @@ class Candidate:
     predicted_saving_ms: float  # per forward
     device_saving_ms: float | None = None  # per forward, measured; None: not (fully) probed
     probe_note: str = ""        # why device_saving_ms is None (a site's probe skip reason)
+    # per site, in `sites` order: each one's measured saving (cold), and the forward's total
+    # with activations read from L2 (runtime/site_probe.py; a site without a warm timing
+    # counts its cold one); () / None where not (fully) probed
+    site_savings_ms: tuple[float | None, ...] = ()
+    device_saving_warm_ms: float | None = None
 
     @property
     def applicable(self) -> bool:
@@ -79,11 +84,13 @@ def _predicted(priced: float, device: float | None) -> float:
 
 def candidates(matches: list[Match], costs: Costs,
                measured: Callable[[Match], float | None] | None = None,
-               unmeasured: Callable[[Match], str] | None = None) -> list[Candidate]:
+               unmeasured: Callable[[Match], str] | None = None,
+               warm: Callable[[Match], float | None] | None = None) -> list[Candidate]:
     """One Candidate per family, ranked by predicted saving (largest first). `measured`:
     a site's measured device-time saving in ms, or None where it was not measured; a
     family is priced by it only when every site of the family was measured. `unmeasured`:
-    why a site has no measurement (the first site's reason becomes the probe_note)."""
+    why a site has no measurement (the first site's reason becomes the probe_note); `warm`:
+    a site's saving with its activations in L2, where timed."""
     by_family: dict[str, list[Match]] = defaultdict(list)
     for m in matches:
         by_family[m.family].append(m)
@@ -93,6 +100,9 @@ def candidates(matches: list[Match], costs: Costs,
         avoided = sum(m.bytes_avoided() for m in ms)
         per_site = [measured(m) for m in ms] if measured is not None else [None]
         device = None if None in per_site else sum(per_site)
+        warm_total = None
+        if device is not None and warm is not None:
+            warm_total = sum(w if (w := warm(m)) is not None else t for m, t in zip(ms, per_site))
         note = ""
         if device is None and measured is not None and unmeasured is not None:
             note = next((unmeasured(m) for m, t in zip(ms, per_site) if t is None), "")
@@ -102,5 +112,6 @@ def candidates(matches: list[Match], costs: Costs,
             count=len(ms), launches_removed=removed, bytes_avoided=avoided,
             predicted_saving_ms=_predicted(priced, device),
             device_saving_ms=device, probe_note=note,
+            site_savings_ms=tuple(per_site) if measured is not None else (), device_saving_warm_ms=warm_total,
         ))
     return sorted(out, key=lambda c: (-c.predicted_saving_ms, c.family))

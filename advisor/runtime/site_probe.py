@@ -15,6 +15,15 @@ each over enough random input copies to exceed twice the L2, in one CUDA graph
 model gains. Weights a kernel reads as one matrix are laid out back to back, as apply
 lays them (runtime/weights.py), so neither side pays a per-call concatenation.
 
+Warm variant (`warm_*`, CUDA only): in a forward a site's activations were mostly just
+written by the op before it and are read back from L2 where they fit, while its weights
+come from HBM (each layer reads its own once). The cold probe reads both from HBM, which
+over-prices what an unfused chain of elementwise ops costs at a few hundred tokens. So
+each site is also timed with its activation inputs read once just before it (a sum over
+each: it pulls them into L2), minus that touch timed alone. Weights (the capture's
+parameters, `weights`) stay cold. Which of the two a forward sees lies between them (the
+residual stream was written layers of traffic ago); both are recorded for the report.
+
 Nodes a site shares with other sites (Match.shared: one causal mask read by every
 layer's attention) are outputs of both spellings, so both compute them and the site's
 saving does not count them once per layer (the candidates do not price them either).
@@ -26,7 +35,7 @@ interpreter), and a site whose emit or kernel fails.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,10 +58,18 @@ DEFAULT_CONFIG = ""  # the registry's default config for the site's problem
 class SiteTiming:
     unfused_ms: float  # per site
     fused_ms: float
+    warm_unfused_ms: float | None = None  # activations read from L2 (module doc); None: not timed
+    warm_fused_ms: float | None = None
 
     @property
     def saving_ms(self) -> float:
         return self.unfused_ms - self.fused_ms
+
+    @property
+    def warm_saving_ms(self) -> float | None:
+        if self.warm_unfused_ms is None or self.warm_fused_ms is None:
+            return None
+        return self.warm_unfused_ms - self.warm_fused_ms
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,10 @@ class SiteProbe:
     def saving_ms(self, m: Match) -> float | None:
         t = self.timings.get(site_signature(m, DEFAULT_CONFIG))
         return None if t is None else t.saving_ms
+
+    def warm_saving_ms(self, m: Match) -> float | None:
+        t = self.timings.get(site_signature(m, DEFAULT_CONFIG))
+        return None if t is None else t.warm_saving_ms
 
     def reason(self, m: Match) -> str:
         """Why `m` has no timing ("" when it has one; "not probed" when never seen)."""
@@ -99,12 +120,21 @@ def _arg_sets(m: Match, inputs: list[Any], copies: int, seed: int) -> list[list[
     return sets
 
 
+def activations(inputs: list[Any], args: list[Any], weights: Collection[Any]) -> list[int]:
+    """Indices of the site's floating-point inputs that are not the model's weights: what
+    the warm probe reads into L2 before the site."""
+    return [i for i, (n, a) in enumerate(zip(inputs, args))
+            if n not in weights and isinstance(a, torch.Tensor) and a.is_floating_point()]
+
+
 def _set_bytes(args: list[Any]) -> int:
     return sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
 
 
-def time_site(m: Match, device: torch.device | str, seed: int = 0) -> SiteTiming:
-    """Device ms per site of the captured subgraph and of the fused op (module doc)."""
+def time_site(m: Match, device: torch.device | str, seed: int = 0,
+              weights: Collection[torch.fx.Node] = ()) -> SiteTiming:
+    """Device ms per site of the captured subgraph and of the fused op, cold and (CUDA)
+    warm; `weights`: the capture's parameter placeholders, kept cold (module doc)."""
     device = torch.device(device)
     all_kernels()  # importing the kernel modules registers their custom ops
     # Nodes other sites read too (one mask, every layer) are outputs of both spellings:
@@ -118,18 +148,29 @@ def time_site(m: Match, device: torch.device | str, seed: int = 0) -> SiteTiming
         first = _arg_sets(m, inputs, 1, seed)
         sets = first + _arg_sets(m, inputs, copies_past_l2(_set_bytes(first[0]), device) - 1, seed + 1)
 
-        def over(gm: torch.fx.GraphModule):
+        warm = activations(inputs, sets[0], weights)
+
+        def over(gm: torch.fx.GraphModule | None, touch: bool = False):
             def run() -> None:
                 for args in sets:
-                    gm(*args)
+                    for i in warm if touch else ():
+                        args[i].sum()  # read once: in L2 for the site (module doc)
+                    if gm is not None:
+                        gm(*args)
             return run
         unfused = device_ms(over(ref_gm), device) / len(sets)
         fused = device_ms(over(fused_gm), device) / len(sets)
-    return SiteTiming(unfused, fused)
+        if device.type != "cuda" or not warm:
+            return SiteTiming(unfused, fused)
+        touch = device_ms(over(None, True), device)
+        return SiteTiming(unfused, fused, (device_ms(over(ref_gm, True), device) - touch) / len(sets),
+                          (device_ms(over(fused_gm, True), device) - touch) / len(sets))
 
 
-def probe_sites(matches: Iterable[Match], device: torch.device | str) -> SiteProbe:
-    """Each distinct site among `matches`, timed once on `device` (or skipped, with why)."""
+def probe_sites(matches: Iterable[Match], device: torch.device | str,
+                weights: Collection[torch.fx.Node] = ()) -> SiteProbe:
+    """Each distinct site among `matches`, timed once on `device` (or skipped, with why);
+    `weights`: the capture's parameter placeholders (see `time_site`)."""
     device = torch.device(device)
     timings: dict[tuple, SiteTiming] = {}
     skipped: dict[tuple, str] = {}
@@ -143,7 +184,7 @@ def probe_sites(matches: Iterable[Match], device: torch.device | str) -> SitePro
             skipped[key] = reason
             continue
         try:
-            timings[key] = time_site(m, device)
+            timings[key] = time_site(m, device, weights=weights)
         except CaptureFailed as exc:  # later captures may fail for this one's sake
             stopped = skipped[key] = f"CaptureFailed: {exc}"[:200]
         except Exception as exc:  # emit refused, a kernel failed to compile or to capture
