@@ -9,6 +9,8 @@
 #   bench   RECIPE (default the committed one; pass tune's output) vs eager and both
 #           torch.compile modes at 1/128/512/2048: latency, kernels, cold start fields
 #   ablate  each family of RECIPE toggled at 1/512, for predicted-vs-measured savings
+#   predict issue 7's predicted-vs-measured: analyze at PREDICT_SHAPES (default 1,512), then
+#           each family of RECIPE timed alone on the unfused model there (bench --alone)
 #   all     one ~580 s command: analyze 1/512, bench RECIPE at 1/128/512/2048, the rope_table
 #           plan at 1 token, ablate 1/512, four memory-bound kernels at 2048/8192
 #   coldstart  benchmarks/cold_start.py in fresh processes at 1 token, cold then warm caches:
@@ -29,7 +31,7 @@
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
 # Several stages run in order in one command: ... next_gpu_session.sh coldstart tune
-[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, coldstart, attention, prefill, deep, gemmsites, kernels, all or pack" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, predict, coldstart, attention, prefill, deep, gemmsites, kernels, all or pack" >&2; exit 2; }
 RECIPE=${RECIPE:-recipes/llama_hf-h200.json}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
@@ -61,6 +63,13 @@ ablate)
     --compile none --ablate --json "$OUT/ablate.json" > "$OUT/ablate.log" 2>&1
   echo "ablate rc=$?" >> "$OUT/ablate.log"
   tail -40 "$OUT/ablate.log" ;;  # then, here: advisor report --analysis … --bench ablate.json
+predict)
+  timeout ${ANALYZE_S:-200} python3 -m advisor.cli analyze $model --shapes ${PREDICT_SHAPES:-1,512} \
+    --json "$OUT/analysis.json" > "$OUT/analyze.log" 2>&1
+  echo "analyze rc=$?" >> "$OUT/analyze.log"; tail -2 "$OUT/analyze.log"
+  timeout ${ALONE_S:-330} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes ${PREDICT_SHAPES:-1,512} \
+    --compile none --alone --json "$OUT/alone.json" > "$OUT/alone.log" 2>&1
+  echo "alone rc=$?" >> "$OUT/alone.log"; tail -40 "$OUT/alone.log" ;;
 kernels)
   timeout ${MEMORY_S:-200} python3 benchmarks/bench_kernels.py --tokens 2048,8192 --sweep 0 \
     --kernels rms_norm,add_rms_norm,layer_norm,add_layer_norm,gated_act,gated_act_merged,bias_act,rope_qk,rope_qk_cache \
