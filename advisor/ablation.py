@@ -14,8 +14,9 @@ positive when f makes the forward faster. Savings of different families need not
 A deep fusion left out hands its sites back to shallower families still in the plan
 (add_rms_norm_linear's to add_rms_norm and qkv_merge): its measured saving is its margin
 over them, not over the unfused graph. Each row records the sites f held in the plan
-(`sites_in_plan`) and the sites other families took over without it (`taken_over`), so
-the report can predict that margin (report/html_candidates.py, `marginal_prediction`).
+(`sites_in_plan`, their modules in `held_sites`) and the sites other families took over
+without it (`taken_over`: counts; `taken_sites`: modules), so the report can predict that
+margin site by site (report/html_candidates.py, `marginal_prediction`).
 
 The baseline t(plan) is timed the way each t(plan − f) is (a fresh apply of the one
 bucket), before and after them, not taken from the recipe's own row: on an H100 (session
@@ -38,7 +39,7 @@ deeper family). t(unfused) is timed before and after the families, as the plan i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -68,17 +69,20 @@ def alone(plan: Plan) -> tuple[Plan, list[tuple[str, Plan]]]:
                   for f in plan.fusions]
 
 
-def taken_over(plan_sites: Mapping[str, int], without_sites: Mapping[str, int]) -> dict[str, int]:
-    """Families applied at more sites without the removed one than with it: family -> how
-    many more."""
-    return {f: n - plan_sites.get(f, 0) for f, n in without_sites.items() if n > plan_sites.get(f, 0)}
+def taken_over(plan_sites: Mapping[str, Sequence[str]],
+               without_sites: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """Families applied at sites without the removed one that they did not hold with it:
+    family -> those sites' modules."""
+    out = {f: [m for m in mods if m not in set(plan_sites.get(f, ()))] for f, mods in without_sites.items()}
+    return {f: mods for f, mods in out.items() if mods}
 
 
 def ablation_rows(shape: int, plan: Plan, recipe_ms: float,
-                  time_plan: Callable[[Plan], tuple[float, dict[str, int]]],
-                  plan_sites: Mapping[str, int], tried: Collection[str] = ()) -> list[dict[str, Any]]:
-    """One row per removed family: `time_plan(p)` gives p's median ms at `shape` and its
-    sites applied per family; `plan_sites` the same for the whole plan, `tried` the
+                  time_plan: Callable[[Plan], tuple[float, dict[str, list[str]]]],
+                  plan_sites: Mapping[str, Sequence[str]],
+                  tried: Collection[str] = ()) -> list[dict[str, Any]]:
+    """One row per removed family: `time_plan(p)` gives p's median ms at `shape` and the
+    modules of its sites applied per family; `plan_sites` the same for the whole plan, `tried` the
     families that attempted a site in it (applied or refused), `recipe_ms` the recipe's own
     timing (kept). The baseline `plan_ms` is `time_plan(plan)` timed before and after the
     leave-one-outs (their mean, both kept in `plan_ms_runs`: drift shows as their spread);
@@ -90,15 +94,18 @@ def ablation_rows(shape: int, plan: Plan, recipe_ms: float,
     for removed, without in leave_one_out(plan):
         row: dict[str, Any] = {"shape": shape, "removed": removed, "recipe_ms": recipe_ms}
         if removed in plan.fusions:
-            row["sites_in_plan"] = plan_sites.get(removed, 0)
-            if row["sites_in_plan"] == 0 and removed not in tried:
+            held = list(plan_sites.get(removed, ()))
+            row.update(sites_in_plan=len(held), held_sites=held)
+            if not held and removed not in tried:
                 # it attempted no site: without it the rewrite builds the same graph
-                row.update(without_ms=None, measured_saving_ms=0.0, taken_over={}, same_graph=True)
+                row.update(without_ms=None, measured_saving_ms=0.0, taken_over={}, taken_sites={},
+                           same_graph=True)
                 rows.append(row)
                 continue
         try:
             ms, sites = time_plan(without)
-            row.update(without_ms=ms, taken_over=taken_over(plan_sites, sites))
+            taken = taken_over(plan_sites, sites)
+            row.update(without_ms=ms, taken_over={f: len(m) for f, m in taken.items()}, taken_sites=taken)
         except Exception as exc:  # a plan that fails here is a result, not a crash
             row.update(without_ms=None, measured_saving_ms=None, error=one_line(exc))
         rows.append(row)
@@ -135,7 +142,7 @@ class _Baseline:
 
 
 def alone_rows(shape: int, plan: Plan,
-               time_plan: Callable[[Plan], tuple[float, dict[str, int]]]) -> list[dict[str, Any]]:
+               time_plan: Callable[[Plan], tuple[float, dict[str, list[str]]]]) -> list[dict[str, Any]]:
     """One row per family of `plan`: the unfused model with it alone (`alone`), timed by
     `time_plan` like the plan, against the unfused model timed before and after. Each row:
     `unfused_ms` (+ `unfused_ms_runs`), `with_ms`, the sites it applied alone (`sites`), and
@@ -148,7 +155,7 @@ def alone_rows(shape: int, plan: Plan,
         row: dict[str, Any] = {"shape": shape, "family": family, "cuda_graph": base.cuda_graph}
         try:
             ms, sites = time_plan(only)
-            row.update(with_ms=ms, sites=sites.get(family, 0))
+            row.update(with_ms=ms, sites=len(sites.get(family, ())))
         except Exception as exc:  # a family that fails alone is a result, not a crash
             row.update(with_ms=None, sites=None, error=one_line(exc))
         rows.append(row)

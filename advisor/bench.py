@@ -160,11 +160,11 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
             if bucket is None or advisor_ms.get(t) is None:
                 continue
 
-            def time_plan(p: Any, t: int = t, bound: int = bucket.max_len) -> tuple[float, dict[str, int]]:
+            def time_plan(p: Any, t: int = t, bound: int = bucket.max_len) -> tuple[float, Any]:
                 return _time_plan(model, Bucket(bound, p), inputs[t], states[t], device, length_of, reset[t])
             if ablate:
                 result.ablation += ablation_rows(t, bucket.plan, advisor_ms[t], time_plan,
-                                                 sites_applied(result.applied, bucket.max_len),
+                                                 fast.applied_sites(bucket.max_len),
                                                  sites_tried(result.applied, bucket.max_len))
             if alone:
                 result.alone += alone_rows(t, bucket.plan, time_plan)
@@ -242,27 +242,22 @@ def _advisor_row(fast: Any, x: Inputs, state: Snapshot, ref: torch.Tensor, exact
     return row
 
 
-def sites_applied(summary: list[dict[str, Any]], bound: int) -> dict[str, int]:
-    """family -> sites applied in one bucket of `AdvisedModel.summary()`."""
-    return {r["family"]: r["applied"] for r in summary if r["bucket"] == bound and "applied" in r}
-
-
 def sites_tried(summary: list[dict[str, Any]], bound: int) -> set[str]:
     """Families that attempted a site in one bucket (applied or refused)."""
     return {r["family"] for r in summary if r["bucket"] == bound and (r.get("applied") or r.get("unfused"))}
 
 
 def _time_plan(model: torch.nn.Module, bucket: Bucket, x: Inputs, state: Snapshot, device: torch.device,
-               length_of: Any, reset: Any) -> tuple[float, dict[str, int]]:
+               length_of: Any, reset: Any) -> tuple[float, dict[str, list[str]]]:
     """Median ms of `model` with `bucket`'s plan applied as that bucket (traced as the
     recipe's own bucket is: a one-token bucket with static shapes), its first call
-    compiling untimed; and its sites applied per family."""
+    compiling untimed; and the modules of its sites applied, per family."""
     try:
         fast = apply(model, Recipe(buckets=(bucket,)), length_of=length_of)
         timed_call(lambda: call(fast, x), device)
         state.restore()
         ms = median_ms(lambda: call(fast, x), device, reset=reset)
-        return ms, sites_applied(fast.summary(), bucket.max_len)
+        return ms, fast.applied_sites(bucket.max_len)
     finally:
         state.restore()
 

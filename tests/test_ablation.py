@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from advisor.ablation import ablation_rows, alone, alone_rows, leave_one_out
@@ -30,7 +31,8 @@ def test_leave_one_out_drops_each_family_and_its_config_then_graphs():
 
 
 def test_rows_carry_both_timings_the_sites_taken_over_and_a_failing_plan_is_a_row():
-    plan_sites = {"add_rms_norm": 4, "rope": 2, "gated_act": 0}
+    plan_sites = {"add_rms_norm": ["l0.norm", "l1.norm", "l2.norm", "l3.norm"], "rope": ["l0.attn", "l1.attn"],
+                  "gated_act": []}
     baselines = iter([1.9, 2.1])  # the plan itself, timed before and after the others
 
     def time_plan(p):
@@ -39,8 +41,8 @@ def test_rows_carry_both_timings_the_sites_taken_over_and_a_failing_plan_is_a_ro
         if "rope" not in p.fusions:
             raise RuntimeError("no kernel\nsecond line")
         # without add_rms_norm, gated_act takes 3 of its sites (a shallower family)
-        sites = {f: plan_sites[f] for f in p.fusions} | ({"gated_act": 3} if "add_rms_norm" not in p.fusions
-                                                         else {})
+        sites = {f: plan_sites[f] for f in p.fusions} | (
+            {"gated_act": ["l0.mlp", "l1.mlp", "l2.mlp"]} if "add_rms_norm" not in p.fusions else {})
         return 2.0 + 0.5 * (3 - len(p.fusions)) + (0.0 if p.cuda_graph else 1.0), sites
 
     rows = {r["removed"]: r for r in ablation_rows(128, PLAN, 2.3, time_plan, plan_sites, {"add_rms_norm", "rope"})}
@@ -49,6 +51,8 @@ def test_rows_carry_both_timings_the_sites_taken_over_and_a_failing_plan_is_a_ro
                for r in rows.values())
     assert rows["add_rms_norm"]["measured_saving_ms"] == 0.5 and rows["add_rms_norm"]["without_ms"] == 2.5
     assert rows["add_rms_norm"]["sites_in_plan"] == 4 and rows["add_rms_norm"]["taken_over"] == {"gated_act": 3}
+    assert rows["add_rms_norm"]["held_sites"] == plan_sites["add_rms_norm"]
+    assert rows["add_rms_norm"]["taken_sites"] == {"gated_act": ["l0.mlp", "l1.mlp", "l2.mlp"]}
     # gated_act attempted no site: the same graph without it, not timed, saving 0
     assert rows["gated_act"]["taken_over"] == {} and rows["gated_act"]["sites_in_plan"] == 0
     assert rows["gated_act"]["measured_saving_ms"] == 0.0 and rows["gated_act"]["same_graph"]
@@ -65,11 +69,37 @@ def test_a_family_whose_sites_were_all_refused_is_timed_and_a_failing_baseline_i
             raise RuntimeError("out of memory")
         return 3.0, {}
 
-    rows = {r["removed"]: r for r in ablation_rows(4, plan, 2.5, time_plan, {"add_rms_norm": 2}, {"gated_act"})}
+    rows = {r["removed"]: r for r in ablation_rows(4, plan, 2.5, time_plan, {"add_rms_norm": ["a", "b"]},
+                                                   {"gated_act"})}
     assert "same_graph" not in rows["gated_act"] and rows["gated_act"]["without_ms"] == 3.0  # tried: timed
     assert all(r["plan_ms"] == 2.5 and r["plan_ms_runs"] == [] and r["baseline_error"] == "RuntimeError: "
                "out of memory" for r in rows.values())
     assert rows["add_rms_norm"]["measured_saving_ms"] == 0.5
+
+
+def test_a_deep_familys_margin_is_priced_site_by_site_where_the_sites_are_named():
+    """add_rms_norm_linear holds 2 QKV sites and the lm_head; without it add_rms_norm and
+    qkv_merge take the QKV sites back, and the lm_head goes unfused. Its per-site mean
+    would price the lm_head like a QKV site."""
+    cands = {"add_rms_norm_linear": {"count": 4, "sites": ["l0.in", "l1.in", "l1.post", "norm"],
+                                     "site_savings_ms": [0.01, 0.01, 0.02, 0.06], "device_saving_ms": 0.10},
+             "add_rms_norm": {"count": 4, "sites": ["l0.in", "l1.in", "l1.post", "norm"],
+                              "site_savings_ms": [0.005] * 4, "device_saving_ms": 0.02},
+             "qkv_merge": {"count": 2, "sites": ["l0.attn", "l1.attn"], "site_savings_ms": [0.003, 0.003],
+                           "device_saving_ms": 0.006}}
+    row = {"removed": "add_rms_norm_linear", "sites_in_plan": 3, "held_sites": ["l0.in", "l1.in", "norm"],
+           "taken_over": {"add_rms_norm": 2, "qkv_merge": 2},
+           "taken_sites": {"add_rms_norm": ["l0.in", "l1.in"], "qkv_merge": ["l0.attn", "l1.attn"]}}
+    measured = lambda c: c["device_saving_ms"]  # noqa: E731
+    assert marginal_prediction(row, cands, measured) == pytest.approx(0.08 - 0.01 - 0.006)
+    # counts only (benches before session 20): the mean per site
+    counted = {k: v for k, v in row.items() if k not in ("held_sites", "taken_sites")}
+    assert marginal_prediction(counted, cands, measured) == pytest.approx(0.10 * 3 / 4 - 0.01 - 0.006)
+    # a family re-priced (here doubled) keeps its sites' proportions
+    assert marginal_prediction(row, cands, lambda c: 2 * c["device_saving_ms"]) == pytest.approx(2 * 0.064)
+    # a site the analysis did not see is priced at the family's mean
+    other = {**row, "held_sites": ["l0.in", "l1.in", "elsewhere"]}
+    assert marginal_prediction(other, cands, measured) == pytest.approx(0.02 + 0.025 - 0.016)
 
 
 def test_the_report_predicts_a_deep_familys_margin_over_the_families_that_take_its_sites_back():
@@ -112,7 +142,7 @@ def test_alone_rows_measure_against_the_unfused_model_timed_before_and_after():
             return next(unfused), {}
         if p.fusions == ("gated_act",):
             raise RuntimeError("refused\nmore")
-        return {"add_rms_norm": 2.5, "rope": 3.05}[p.fusions[0]], {p.fusions[0]: 4}
+        return {"add_rms_norm": 2.5, "rope": 3.05}[p.fusions[0]], {p.fusions[0]: ["a", "b", "c", "d"]}
 
     rows = {r["family"]: r for r in alone_rows(8, PLAN, time_plan)}
     assert list(rows) == ["add_rms_norm", "rope", "gated_act"]

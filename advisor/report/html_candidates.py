@@ -176,23 +176,42 @@ def graph_priced(c: dict, ceilings: dict | None, kernel_us: float | None = None)
     return launches * g * 1e-3 + nbytes / (bw * 1e9) * 1e3
 
 
+def _site_price(c: dict, p: float, module: str) -> float:
+    """A family's price at one of its sites: the site's own measured saving, scaled as the
+    family's price is to its measured total (1 when the price is that total; a re-priced
+    family keeps the sites' proportions), where the analysis has it; else the mean. A
+    module named by several sites (a function's sites are named after it: RoPE's
+    `apply_rotary_pos_emb` in every layer) gets their mean."""
+    sites, each, total = c.get("sites") or [], c.get("site_savings_ms") or [], _num(c.get("device_saving_ms"))
+    at = [e for s, e in zip(sites, each) if s == module]
+    if at and len(each) == len(sites) and total and None not in each:
+        return sum(at) / len(at) * p / total
+    return p / c["count"]
+
+
 def marginal_prediction(row: dict, cands: dict[str, dict],
                         price: Callable[[dict], float | None]) -> float | None:
-    """What leaving the row's family out should cost: its price per site times the sites it
-    held in the plan, minus, for each family that took sites back without it, that
-    family's price per site times those sites (advisor/ablation.py). None where the row
-    lacks the site counts (benches before session 14) or a price is missing."""
+    """What leaving the row's family out should cost: its price at the sites it held in
+    the plan, minus, for each family that took sites back without it, that family's price
+    at those sites (advisor/ablation.py). Site by site where the row names the modules
+    (`held_sites`, `taken_sites`) and the analysis has each site's saving (a deep family's
+    sites differ: QKV projections and the lm_head); else the price per site times the
+    counts. None where the row lacks the site counts (benches before session 14) or a price
+    is missing."""
     c, held = cands.get(str(row.get("removed"))), row.get("sites_in_plan")
     if c is None or held is None or "taken_over" not in row:
         return None
+    named = "held_sites" in row and "taken_sites" in row
+    taken = row["taken_sites"] if named else row["taken_over"]
+    terms = [(row["removed"], row["held_sites"] if named else held, 1.0),
+             *((g, x, -1.0) for g, x in taken.items())]
     total = 0.0
-    for fam, sites, sign in [(row["removed"], held, 1.0),
-                             *((g, n, -1.0) for g, n in row["taken_over"].items())]:
+    for fam, sites, sign in terms:
         cg = cands.get(fam)
         p = price(cg) if cg else None
         if p is None or not cg.get("count"):
             return None
-        total += sign * p * sites / cg["count"]
+        total += sign * (sum(_site_price(cg, p, m) for m in sites) if named else p * sites / cg["count"])
     return total
 
 

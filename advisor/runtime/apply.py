@@ -164,6 +164,14 @@ class AdvisedModel(torch.nn.Module):
         """The original module (apply is reversible: nothing global was patched)."""
         return self.original
 
+    def applied_sites(self, bound: int) -> dict[str, list[str]]:
+        """family -> the modules of its sites applied in the bucket of this bound."""
+        state = self.buckets[bound]
+        out: dict[str, list[str]] = {fam: [] for fam in state.plan.fusions}
+        for s in (s for r in state.reports for s in r.sites if s.applied):
+            out.setdefault(s.family, []).append(s.module)
+        return out
+
     def summary(self) -> list[dict[str, Any]]:
         """Per bucket and family: sites applied / left unfused (with reasons), launches
         per forward before/after, compiles."""
