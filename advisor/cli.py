@@ -17,7 +17,9 @@ from advisor.errors import AdvisorError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Profiler-driven kernel-fusion advisor and auto-tuner for PyTorch inference.")
-stdout = Console()
+# Written to a file or a pipe (a device run's log), rich would fold every table into 80
+# columns; wide tables read better unfolded there. A terminal keeps its own width.
+stdout = Console(width=None if sys.stdout.isatty() else 160)
 stderr = Console(stderr=True)
 
 ModelArg = Annotated[Path, typer.Argument(help="model file defining build_model and make_inputs")]
@@ -240,10 +242,13 @@ def report(
     journal: Annotated[str | None, typer.Option(help="tune study storage: journal path or RDB URL")] = None,
     title: Annotated[str, typer.Option(help="page title")] = "advisor report",
 ) -> None:
-    """A self-contained HTML report from the JSON that analyze / bench / tune wrote."""
+    """A self-contained HTML report from the JSON that analyze / bench / tune wrote; with a
+    bench run --alone or --ablate, the predicted vs measured savings on the console too."""
     import json
 
     from advisor.errors import AdvisorError
+    from advisor.report.accuracy import accuracy
+    from advisor.report.console import render_accuracy
     from advisor.report.history import load_history
     from advisor.report.html import render_html, write_html
     from advisor.runtime.recipe import load_recipe
@@ -255,10 +260,11 @@ def report(
             raise AdvisorError(f"{path}: cannot read JSON: {exc}") from None
 
     rec = load_recipe(recipe).to_json() if recipe else None
-    page = render_html(analyses=[read(p) for p in analysis],
-                       bench=read(bench_json) if bench_json else None, recipe=rec,
+    analyses, bench = [read(p) for p in analysis], read(bench_json) if bench_json else None
+    page = render_html(analyses=analyses, bench=bench, recipe=rec,
                        history=load_history(journal) if journal else None, title=title)
     write_html(out, page)
+    render_accuracy([r for a in analyses for r in accuracy(a, bench)], stdout)
     stdout.print(f"wrote {out}")
 
 

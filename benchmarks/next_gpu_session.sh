@@ -10,7 +10,8 @@
 #           torch.compile modes at 1/128/512/2048: latency, kernels, cold start fields
 #   ablate  each family of RECIPE toggled at 1/512, for predicted-vs-measured savings
 #   predict issue 7's predicted-vs-measured: analyze at PREDICT_SHAPES (default 1,512), then
-#           each family of RECIPE timed alone on the unfused model there (bench --alone)
+#           each family of RECIPE timed alone on the unfused model there (bench --alone), and
+#           the predicted-vs-measured table (advisor report)
 #   all     one ~580 s command: analyze 1/512, bench RECIPE at 1/128/512/2048, the rope_table
 #           plan at 1 token, ablate 1/512, four memory-bound kernels at 2048/8192
 #   coldstart  benchmarks/cold_start.py in fresh processes at 1 token, cold then warm caches:
@@ -69,7 +70,9 @@ predict)
   echo "analyze rc=$?" >> "$OUT/analyze.log"; tail -2 "$OUT/analyze.log"
   timeout ${ALONE_S:-330} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes ${PREDICT_SHAPES:-1,512} \
     --compile none --alone --json "$OUT/alone.json" > "$OUT/alone.log" 2>&1
-  echo "alone rc=$?" >> "$OUT/alone.log"; tail -40 "$OUT/alone.log" ;;
+  echo "alone rc=$?" >> "$OUT/alone.log"; tail -3 "$OUT/alone.log"
+  python3 -m advisor.cli report --analysis "$OUT/analysis.json" --bench "$OUT/alone.json" \
+    --out "$OUT/predict.html" 2>&1 | tail -32 ;;
 kernels)
   timeout ${MEMORY_S:-200} python3 benchmarks/bench_kernels.py --tokens 2048,8192 --sweep 0 \
     --kernels rms_norm,add_rms_norm,layer_norm,add_layer_norm,gated_act,gated_act_merged,bias_act,rope_qk,rope_qk_cache \

@@ -9,8 +9,8 @@ import torch
 from advisor.ablation import ablation_rows, alone, alone_rows, leave_one_out
 from advisor.bench import run_bench, to_json
 from advisor.loader import load_model_file
+from advisor.report.accuracy import graph_priced, marginal_prediction, small_kernel_us
 from advisor.report.html import render_html
-from advisor.report.html_candidates import graph_priced, marginal_prediction, small_kernel_us
 from advisor.runtime.plan import Plan
 from advisor.runtime.recipe import Recipe
 

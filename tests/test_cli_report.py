@@ -26,3 +26,17 @@ def test_report_bad_json_is_one_line(tmp_path):
                            "--out", str(tmp_path / "r.html")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "cannot read JSON" in proc.stderr
     assert not (tmp_path / "r.html").exists()
+
+
+def test_report_prints_predicted_vs_measured_from_a_leave_one_out(tmp_path):
+    """Session 20's H100 analysis and ablation (same machine): the console table, unfolded
+    in a log (not a terminal), and the count within ±25% per length."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "advisor.cli", "report",
+         "--analysis", str(RESULTS / "h100-s20A-analysis.json"),
+         "--bench", str(RESULTS / "h100-s20A-ablate-h100-recipe.json"), "--out", str(tmp_path / "r.html")],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "add_rms_norm_linear" in proc.stdout  # a family name in full: the table was not folded
+    assert "1 tokens, leave-one-out: 3 of 7 families within ±25%" in proc.stdout
+    assert "512 tokens, leave-one-out: 0 of 7 families within ±25%" in proc.stdout

@@ -7,7 +7,7 @@ from advisor.graph.candidates import Costs, candidates, matches_of
 from advisor.graph.capture import capture
 from advisor.loader import build, inputs_for, load_model_file
 from advisor.profile.merge_probe import MergeShape, MergeTiming, merge_shape, probe_merges, time_merge
-from advisor.report.html_candidates import graph_priced
+from advisor.report.accuracy import graph_priced
 from tests.hf_models import ids, tiny_hf
 
 COSTS = Costs(launch_us=8.0, copy_gbps=4000.0)

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from advisor.analyze import Analysis, ShapeAnalysis
 from advisor.profile import Ceilings, top_ops
+from advisor.report.accuracy import TOLERANCE, Accuracy
 
 CATEGORY_STYLE = {
     "launch_host": ("launch/host", "magenta"),
@@ -141,3 +142,34 @@ def render_generation(rows: Iterable[dict[str, Any]], console: Console) -> None:
         shown = ",".join(map(str, first[:TOKENS_SHOWN])) + ("…" if len(first) > TOKENS_SHOWN else "")
         t.add_row(*[_cell(r.get(k)) for k in GENERATION_COLUMNS], shown)
     console.print(t)
+
+
+def render_accuracy(rows: Iterable[Accuracy], console: Console) -> None:
+    """Predicted vs measured saving per family (report/accuracy.py), then per length and
+    source how many are within the tolerance."""
+    rows = list(rows)
+    if not rows:
+        return
+    t = Table(title=f"predicted vs measured saving per fusion (within ±{TOLERANCE:.0%}: issue 7)",
+              title_justify="left")
+    for col in ("tokens", "family", "measured as", "sites", "predicted ms", "warm ms", "measured ms",
+                "noise ms", "error", "within"):
+        t.add_column(col, justify="left" if col in ("family", "measured as") else "right")
+    ms = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+    for r in rows:
+        within = r.within()
+        t.add_row(str(r.shape), r.family, r.source, _cell(r.sites), ms(r.predicted_ms), ms(r.warm_ms),
+                  ms(r.measured_ms), ms(r.noise_ms), "-" if r.error is None else f"{r.error:+.0%}",
+                  "-" if within is None else ("yes" if within else "[red]no[/red]"))
+    console.print(t)
+    for (shape, source), group in _groups(rows).items():
+        judged = [r.within() for r in group if r.within() is not None]
+        console.print(f"{shape} tokens, {source}: {sum(judged)} of {len(judged)} families within "
+                      f"±{TOLERANCE:.0%}")
+
+
+def _groups(rows: list[Accuracy]) -> dict[tuple[int, str], list[Accuracy]]:
+    out: dict[tuple[int, str], list[Accuracy]] = {}
+    for r in rows:
+        out.setdefault((r.shape, r.source), []).append(r)
+    return out

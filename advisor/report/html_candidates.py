@@ -23,8 +23,14 @@ then compared with its prediction re-priced that way (`graph_priced`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from advisor.report.accuracy import (
+    ablation_at,
+    alone_at,
+    alone_prediction,
+    graph_priced,
+    leave_one_out_prediction,
+    small_kernel_us,
+)
 from advisor.report.attribution import (
     CUDA_GRAPH,
     PAIRED,
@@ -133,102 +139,22 @@ def _caption(bucket: int, att: Attribution) -> str:
 
 # ---- per-family measured savings from a leave-one-out bench (--ablate) ----------------
 
-def ablation_at(bench: dict | None, length: int) -> dict[str, dict]:
-    """removed family -> its ablation row at this length (empty without --ablate)."""
-    return {str(r.get("removed")): r for r in (bench or {}).get("ablation", []) or []
-            if r.get("shape") == length}
-
-
-def alone_at(bench: dict | None, length: int) -> dict[str, dict]:
-    """family -> its row timed alone on the unfused model at this length (empty without --alone)."""
-    return {str(r.get("family")): r for r in (bench or {}).get("alone", []) or [] if r.get("shape") == length}
-
-
-SMALL_KERNEL_BYTES = 1 << 20  # kernels moving less than this cost their fixed time alone
-
-
-def small_kernel_us(shape: dict) -> float | None:
-    """Mean device time (µs) of one small kernel (< 1 MiB moved) in this shape's profile:
-    what a removed launch saves inside a CUDA graph — the kernel's launch gap, ramp and
-    tail on the GPU (H200, 1 token: 1.60 µs over 278 kernels), more than the empty-kernel
-    graph launch the ceilings measure (0.94 µs). None without a profile."""
-    ops = (shape.get("budget") or {}).get("ops") or []
-    small = [(o["device_ms"], o["kernels"]) for o in ops
-             if o.get("kernels") and (o.get("bytes") or 0) < SMALL_KERNEL_BYTES * o["kernels"]]
-    n = sum(k for _, k in small)
-    return sum(ms for ms, _ in small) * 1e3 / n if n else None
-
-
-def graph_priced(c: dict, ceilings: dict | None, kernel_us: float | None = None) -> float | None:
-    """The candidate's predicted saving under CUDA graphs: its measured device-time saving
-    where the analyzer timed it (`device_saving_ms`: profile/merge_probe.py for merges,
-    runtime/site_probe.py for the other families on CUDA); else
-    each removed launch at `kernel_us` (a small kernel's measured device time,
-    `small_kernel_us`) where known, else at the graph launch cost, plus bytes ÷ copy
-    bandwidth (None without ceilings)."""
-    if (device := _num(c.get("device_saving_ms"))) is not None:
-        return device
-    g, bw = _num((ceilings or {}).get("graph_launch_us")), _num((ceilings or {}).get("copy_gbps"))
-    g = kernel_us if kernel_us is not None else g
-    launches, nbytes = _num(c.get("launches_removed")), _num(c.get("bytes_avoided"))
-    if None in (g, bw, launches, nbytes) or not bw:
-        return None
-    return launches * g * 1e-3 + nbytes / (bw * 1e9) * 1e3
-
-
-def _site_price(c: dict, p: float, module: str) -> float:
-    """A family's price at one of its sites: the site's own measured saving, scaled as the
-    family's price is to its measured total (1 when the price is that total; a re-priced
-    family keeps the sites' proportions), where the analysis has it; else the mean. A
-    module named by several sites (a function's sites are named after it: RoPE's
-    `apply_rotary_pos_emb` in every layer) gets their mean."""
-    sites, each, total = c.get("sites") or [], c.get("site_savings_ms") or [], _num(c.get("device_saving_ms"))
-    at = [e for s, e in zip(sites, each) if s == module]
-    if at and len(each) == len(sites) and total and None not in each:
-        return sum(at) / len(at) * p / total
-    return p / c["count"]
-
-
-def marginal_prediction(row: dict, cands: dict[str, dict],
-                        price: Callable[[dict], float | None]) -> float | None:
-    """What leaving the row's family out should cost: its price at the sites it held in
-    the plan, minus, for each family that took sites back without it, that family's price
-    at those sites (advisor/ablation.py). Site by site where the row names the modules
-    (`held_sites`, `taken_sites`) and the analysis has each site's saving (a deep family's
-    sites differ: QKV projections and the lm_head); else the price per site times the
-    counts. None where the row lacks the site counts (benches before session 14) or a price
-    is missing."""
-    c, held = cands.get(str(row.get("removed"))), row.get("sites_in_plan")
-    if c is None or held is None or "taken_over" not in row:
-        return None
-    named = "held_sites" in row and "taken_sites" in row
-    taken = row["taken_sites"] if named else row["taken_over"]
-    terms = [(row["removed"], row["held_sites"] if named else held, 1.0),
-             *((g, x, -1.0) for g, x in taken.items())]
-    total = 0.0
-    for fam, sites, sign in terms:
-        cg = cands.get(fam)
-        p = price(cg) if cg else None
-        if p is None or not cg.get("count"):
-            return None
-        total += sign * (sum(_site_price(cg, p, m) for m in sites) if named else p * sites / cg["count"])
-    return total
-
-
 def _alone_cells(row: dict, c: dict, ceilings: dict | None,
                  kernel_us: float | None) -> list[tuple[str, bool]]:
     """A family timed alone on the unfused model (advisor/ablation.py `alone_rows`): the
     analyzer's own terms, so compared with its prediction as it stands (re-priced for CUDA
     graphs when the row ran under them), no margin to work out."""
-    predicted = _num(c.get("predicted_saving_ms"))
+    eager = _num(c.get("predicted_saving_ms"))
+    predicted = alone_prediction(row, c, ceilings, kernel_us)
     tip = (f"alone in the bench at {row.get('shape')} tokens: unfused {_f(row.get('unfused_ms'))} ms − "
            f"unfused with {row.get('family')} at {row.get('sites', DASH)} sites {_f(row.get('with_ms'))} ms")
     if row.get("error") or row.get("baseline_error"):
         tip += f" ({row.get('error') or row.get('baseline_error')})"
-    if row.get("cuda_graph") and (repriced := graph_priced(c, ceilings, kernel_us)) is not None:
-        tip += (f"; compared with the prediction re-priced for CUDA graphs, {repriced:.3f} ms "
-                f"(eager-priced {_f(predicted)} ms)")
-        predicted = repriced
+    if predicted != eager and predicted is not None:
+        tip += (f"; compared with the prediction re-priced for CUDA graphs, {predicted:.3f} ms "
+                f"(eager-priced {_f(eager)} ms)")
+    if (warm := alone_prediction(row, c, ceilings, kernel_us, warm=True)) != predicted and warm is not None:
+        tip += f"; with the site's activations in L2 the probe predicted {warm:.3f} ms"
     return _error_cells(_num(row.get("measured_saving_ms")), predicted, tip)
 
 
@@ -236,7 +162,7 @@ def _ablation_cells(row: dict, cands: dict[str, dict], ceilings: dict | None, gr
                     kernel_us: float | None = None) -> list[tuple[str, bool]]:
     fam = row.get("removed")
     c = cands[str(fam)]
-    predicted = _num(c.get("predicted_saving_ms"))
+    eager = _num(c.get("predicted_saving_ms"))
     tip = (f"leave-one-out in the bench at {row.get('shape')} tokens: plan without {fam} "
            f"{_f(row.get('without_ms'))} ms − plan {_f(row.get('plan_ms'))} ms")
     if row.get("error"):
@@ -246,25 +172,21 @@ def _ablation_cells(row: dict, cands: dict[str, dict], ceilings: dict | None, gr
     if row.get("same_graph"):  # advisor/ablation.py: attempted no site, so not timed
         return _error_cells(0.0, 0.0, f"it held no site of the plan at {row.get('shape')} tokens: "
                             "without it the rewrite builds the same graph (not timed, saving 0; "
-                            f"the analysis predicted {_f(predicted)} ms with its sites)")
-
-    def price(x: dict) -> float | None:  # under CUDA graphs: re-priced for them
-        return graph_priced(x, ceilings, kernel_us) if graphs else _num(x.get("predicted_saving_ms"))
-
-    if graphs and (repriced := price(c)) is not None:
+                            f"the analysis predicted {_f(eager)} ms with its sites)")
+    own = graph_priced(c, ceilings, kernel_us) if graphs else eager
+    if graphs and own is not None:
         timed = _num(c.get("device_saving_ms")) is not None
         per = ("the site timed fused and unfused at analysis" if timed
                else f"{kernel_us:.2f} µs per removed kernel" if kernel_us is not None
                else "the graph launch cost")
-        tip += (f"; compared with the prediction re-priced for CUDA graphs ({per}), {repriced:.3f} ms "
-                f"(eager-priced {_f(predicted)} ms)")
-        predicted = repriced
-    if (margin := marginal_prediction(row, cands, price)) is not None and margin != predicted:
+        tip += (f"; compared with the prediction re-priced for CUDA graphs ({per}), {own:.3f} ms "
+                f"(eager-priced {_f(eager)} ms)")
+    predicted = leave_one_out_prediction(row, cands, ceilings, kernel_us, graphs)
+    if predicted != own and predicted is not None:
         took = ", ".join(f"{g} {n}" for g, n in row["taken_over"].items()) or "none"
         tip += (f"; it held {row['sites_in_plan']} of its {c.get('count')} sites in the plan, and "
                 f"without it other families took sites back ({took}): its predicted margin, "
-                f"{margin:.3f} ms, is what the leave-one-out measures")
-        predicted = margin
+                f"{predicted:.3f} ms, is what the leave-one-out measures")
     return _error_cells(_num(row.get("measured_saving_ms")), predicted, tip)
 
 

@@ -1,0 +1,188 @@
+"""Predicted vs measured savings per fusion family: the numbers behind issue 7's ±25% (pure).
+
+Two measurements come from `advisor bench` (advisor/ablation.py):
+
+- alone (`--alone`): the family by itself on the unfused model, under CUDA graphs as the
+  plan, without PDL. It is what the analyzer predicts, so the prediction is compared as it
+  stands: the site probes' measured device saving (`device_saving_ms`), else launches at a
+  small kernel's device time + bytes at copy bandwidth (`graph_priced`). The probes' warm
+  variant (activations in L2, `device_saving_warm_ms`) is shown beside it.
+- leave-one-out (`--ablate`): the plan without the family. Its sites go back to shallower
+  families, so the prediction is the family's margin over them (`marginal_prediction`),
+  site by site where the bench names the sites.
+
+Each comparison is an `Accuracy` row; `error` = (predicted − measured) / |measured|. The
+measurement's own noise is the spread of its baseline timings (taken before and after
+the rows), shown so a miss on a saving of a few µs can be told from a wrong model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from advisor.report.html_common import _num
+
+TOLERANCE = 0.25  # issue 7: predicted savings within ±25% of measured
+ALONE, LEAVE_ONE_OUT = "alone", "leave-one-out"
+
+
+def ablation_at(bench: dict | None, length: int) -> dict[str, dict]:
+    """removed family -> its ablation row at this length (empty without --ablate)."""
+    return {str(r.get("removed")): r for r in (bench or {}).get("ablation", []) or []
+            if r.get("shape") == length}
+
+
+def alone_at(bench: dict | None, length: int) -> dict[str, dict]:
+    """family -> its row timed alone on the unfused model at this length (empty without --alone)."""
+    return {str(r.get("family")): r for r in (bench or {}).get("alone", []) or [] if r.get("shape") == length}
+
+
+SMALL_KERNEL_BYTES = 1 << 20  # kernels moving less than this cost their fixed time alone
+
+
+def small_kernel_us(shape: dict) -> float | None:
+    """Mean device time (µs) of one small kernel (< 1 MiB moved) in this shape's profile:
+    what a removed launch saves inside a CUDA graph — the kernel's launch gap, ramp and
+    tail on the GPU (H200, 1 token: 1.60 µs over 278 kernels), more than the empty-kernel
+    graph launch the ceilings measure (0.94 µs). None without a profile."""
+    ops = (shape.get("budget") or {}).get("ops") or []
+    small = [(o["device_ms"], o["kernels"]) for o in ops
+             if o.get("kernels") and (o.get("bytes") or 0) < SMALL_KERNEL_BYTES * o["kernels"]]
+    n = sum(k for _, k in small)
+    return sum(ms for ms, _ in small) * 1e3 / n if n else None
+
+
+def graph_priced(c: dict, ceilings: dict | None, kernel_us: float | None = None) -> float | None:
+    """The candidate's predicted saving under CUDA graphs: its measured device-time saving
+    where the analyzer timed it (`device_saving_ms`: profile/merge_probe.py for merges,
+    runtime/site_probe.py for the other families on CUDA); else
+    each removed launch at `kernel_us` (a small kernel's measured device time,
+    `small_kernel_us`) where known, else at the graph launch cost, plus bytes ÷ copy
+    bandwidth (None without ceilings)."""
+    if (device := _num(c.get("device_saving_ms"))) is not None:
+        return device
+    g, bw = _num((ceilings or {}).get("graph_launch_us")), _num((ceilings or {}).get("copy_gbps"))
+    g = kernel_us if kernel_us is not None else g
+    launches, nbytes = _num(c.get("launches_removed")), _num(c.get("bytes_avoided"))
+    if None in (g, bw, launches, nbytes) or not bw:
+        return None
+    return launches * g * 1e-3 + nbytes / (bw * 1e9) * 1e3
+
+
+def _site_price(c: dict, p: float, module: str) -> float:
+    """A family's price at one of its sites: the site's own measured saving, scaled as the
+    family's price is to its measured total (1 when the price is that total; a re-priced
+    family keeps the sites' proportions), where the analysis has it; else the mean. A
+    module named by several sites (a function's sites are named after it: RoPE's
+    `apply_rotary_pos_emb` in every layer) gets their mean."""
+    sites, each, total = c.get("sites") or [], c.get("site_savings_ms") or [], _num(c.get("device_saving_ms"))
+    at = [e for s, e in zip(sites, each) if s == module]
+    if at and len(each) == len(sites) and total and None not in each:
+        return sum(at) / len(at) * p / total
+    return p / c["count"]
+
+
+def marginal_prediction(row: dict, cands: dict[str, dict],
+                        price: Callable[[dict], float | None]) -> float | None:
+    """What leaving the row's family out should cost: its price at the sites it held in
+    the plan, minus, for each family that took sites back without it, that family's price
+    at those sites (advisor/ablation.py). Site by site where the row names the modules
+    (`held_sites`, `taken_sites`) and the analysis has each site's saving (a deep family's
+    sites differ: QKV projections and the lm_head); else the price per site times the
+    counts. None where the row lacks the site counts (benches before session 14) or a price
+    is missing."""
+    c, held = cands.get(str(row.get("removed"))), row.get("sites_in_plan")
+    if c is None or held is None or "taken_over" not in row:
+        return None
+    named = "held_sites" in row and "taken_sites" in row
+    taken = row["taken_sites"] if named else row["taken_over"]
+    terms = [(row["removed"], row["held_sites"] if named else held, 1.0),
+             *((g, x, -1.0) for g, x in taken.items())]
+    total = 0.0
+    for fam, sites, sign in terms:
+        cg = cands.get(fam)
+        p = price(cg) if cg else None
+        if p is None or not cg.get("count"):
+            return None
+        total += sign * (sum(_site_price(cg, p, m) for m in sites) if named else p * sites / cg["count"])
+    return total
+
+
+def alone_prediction(row: dict, c: dict, ceilings: dict | None, kernel_us: float | None,
+                     warm: bool = False) -> float | None:
+    """The prediction an alone row measures: re-priced for CUDA graphs when it ran under
+    them (`warm`: the probes' warm variant where timed), else the eager-priced saving."""
+    if not row.get("cuda_graph"):
+        return _num(c.get("predicted_saving_ms"))
+    if warm and (w := _num(c.get("device_saving_warm_ms"))) is not None:
+        return w
+    return graph_priced(c, ceilings, kernel_us)
+
+
+def leave_one_out_prediction(row: dict, cands: dict[str, dict], ceilings: dict | None,
+                             kernel_us: float | None, graphs: bool, warm: bool = False) -> float | None:
+    """The prediction a leave-one-out row measures: the family's margin over the families
+    that took its sites back where the row allows (else its own price), priced for CUDA
+    graphs when the plan used them."""
+    def price(x: dict) -> float | None:
+        if not graphs:
+            return _num(x.get("predicted_saving_ms"))
+        if warm and (w := _num(x.get("device_saving_warm_ms"))) is not None:
+            return w
+        return graph_priced(x, ceilings, kernel_us)
+    margin = marginal_prediction(row, cands, price)
+    return margin if margin is not None else price(cands[str(row.get("removed"))])
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    shape: int
+    family: str
+    source: str                  # ALONE | LEAVE_ONE_OUT
+    predicted_ms: float | None
+    warm_ms: float | None        # the same with the probes' warm variant
+    measured_ms: float | None
+    noise_ms: float | None       # spread of the measurement's baseline timings
+    sites: int | None
+
+    @property
+    def error(self) -> float | None:
+        if self.predicted_ms is None or not self.measured_ms:
+            return None
+        return (self.predicted_ms - self.measured_ms) / abs(self.measured_ms)
+
+    def within(self, tolerance: float = TOLERANCE) -> bool | None:
+        return None if self.error is None else abs(self.error) <= tolerance
+
+
+def _spread(runs: list | None) -> float | None:
+    runs = [r for r in runs or [] if _num(r) is not None]
+    return max(runs) - min(runs) if len(runs) > 1 else None
+
+
+def accuracy(analysis: dict, bench: dict | None) -> list[Accuracy]:
+    """Every family measured alone or left out at an analysed length, against its prediction.
+    Rows of families that held no site (not timed) and of the plan flags are left out."""
+    out: list[Accuracy] = []
+    for s in analysis.get("shapes", []):
+        length, ceilings = s.get("seq_len"), analysis.get("ceilings")
+        cands = {str(c.get("family")): c for c in s.get("candidates", [])}
+        kernel_us = small_kernel_us(s)
+        for fam, row in alone_at(bench, length).items():
+            if fam in cands:
+                args = (row, cands[fam], ceilings, kernel_us)
+                out.append(Accuracy(length, fam, ALONE, alone_prediction(*args),
+                                    alone_prediction(*args, warm=True),
+                                    _num(row.get("measured_saving_ms")), _spread(row.get("unfused_ms_runs")),
+                                    row.get("sites")))
+        ablated = ablation_at(bench, length)
+        graphs = "cuda_graph" in ablated
+        for fam, row in ablated.items():
+            if fam in cands and not row.get("same_graph"):
+                args = (row, cands, ceilings, kernel_us, graphs)
+                out.append(Accuracy(length, fam, LEAVE_ONE_OUT, leave_one_out_prediction(*args),
+                                    leave_one_out_prediction(*args, warm=True),
+                                    _num(row.get("measured_saving_ms")), _spread(row.get("plan_ms_runs")),
+                                    row.get("sites_in_plan")))
+    return out

@@ -1,0 +1,73 @@
+"""Predicted vs measured savings (advisor/report/accuracy.py) and their console table."""
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from advisor.report.accuracy import ALONE, LEAVE_ONE_OUT, Accuracy, accuracy
+from advisor.report.console import render_accuracy
+
+ANALYSIS = {"ceilings": {"graph_launch_us": 1.0, "copy_gbps": 3000.0}, "shapes": [{
+    "seq_len": 512, "budget": {"ops": []},
+    "candidates": [
+        {"family": "add_rms_norm", "count": 2, "sites": ["l0.post", "l1.in"], "predicted_saving_ms": 0.9,
+         "device_saving_ms": 0.08, "device_saving_warm_ms": 0.06, "site_savings_ms": [0.04, 0.04]},
+        {"family": "add_rms_norm_linear", "count": 2, "sites": ["l0.post", "l1.in"], "predicted_saving_ms": 1.0,
+         "device_saving_ms": 0.10, "site_savings_ms": [0.03, 0.07]},
+        # no probe: priced by 4 launches at the graph launch cost + 3 MB at copy bandwidth
+        {"family": "rope", "count": 2, "sites": ["f", "f"], "predicted_saving_ms": 0.5,
+         "launches_removed": 4, "bytes_avoided": 3_000_000},
+    ]}]}
+BENCH = {
+    "alone": [
+        {"shape": 512, "family": "add_rms_norm", "cuda_graph": True, "sites": 2, "unfused_ms": 2.0,
+         "unfused_ms_runs": [1.999, 2.001], "with_ms": 1.9, "measured_saving_ms": 0.1},
+        {"shape": 512, "family": "rope", "cuda_graph": False, "sites": 2, "unfused_ms_runs": [3.0],
+         "measured_saving_ms": 0.4},
+        {"shape": 128, "family": "rope", "cuda_graph": True, "measured_saving_ms": 0.1},  # not analysed
+    ],
+    "ablation": [
+        {"shape": 512, "removed": "add_rms_norm_linear", "sites_in_plan": 1, "held_sites": ["l1.in"],
+         "taken_over": {"add_rms_norm": 1}, "taken_sites": {"add_rms_norm": ["l1.in"]},
+         "plan_ms_runs": [1.0, 1.002], "measured_saving_ms": 0.03},
+        {"shape": 512, "removed": "rope", "sites_in_plan": 0, "same_graph": True, "measured_saving_ms": 0.0},
+        {"shape": 512, "removed": "cuda_graph", "measured_saving_ms": 5.0},
+    ]}
+
+
+def test_each_measurement_meets_the_prediction_it_measures():
+    rows = {(r.source, r.family): r for r in accuracy(ANALYSIS, BENCH)}
+    assert set(rows) == {(ALONE, "add_rms_norm"), (ALONE, "rope"), (LEAVE_ONE_OUT, "add_rms_norm_linear")}
+    alone = rows[ALONE, "add_rms_norm"]  # under CUDA graphs: the probes' device saving, and the warm one
+    assert (alone.predicted_ms, alone.warm_ms, alone.measured_ms, alone.sites) == (0.08, 0.06, 0.1, 2)
+    assert alone.noise_ms == pytest.approx(0.002) and alone.error == pytest.approx(-0.2) and alone.within()
+    eager = rows[ALONE, "rope"]  # timed without graphs: the eager-priced prediction, no noise estimate
+    assert eager.predicted_ms == 0.5 and eager.warm_ms == 0.5 and eager.noise_ms is None
+    assert eager.error == pytest.approx(0.25) and eager.within()
+    # the deep family's margin at its one held site (0.07) over add_rms_norm's there (0.04)
+    margin = rows[LEAVE_ONE_OUT, "add_rms_norm_linear"]
+    assert margin.predicted_ms == pytest.approx(0.03) and margin.within()
+    # no graphs in the ablation: eager prices, split as the sites' savings are (0.07 of 0.10, 0.04 of 0.08)
+    no_graphs = json.loads(json.dumps(BENCH))
+    no_graphs["ablation"] = no_graphs["ablation"][:1]
+    deep = next(r for r in accuracy(ANALYSIS, no_graphs) if r.source == LEAVE_ONE_OUT)
+    assert deep.predicted_ms == pytest.approx(1.0 * 0.7 - 0.9 * 0.5)
+
+
+def test_error_and_within_need_both_numbers():
+    row = Accuracy(1, "rope", ALONE, None, None, 0.1, None, 8)
+    assert row.error is None and row.within() is None
+    assert Accuracy(1, "rope", ALONE, 0.1, None, 0.0, None, 8).error is None  # nothing measured
+    assert not Accuracy(1, "rope", ALONE, -0.03, None, 0.01, None, 8).within()  # the wrong sign
+
+
+def test_the_console_table_counts_the_families_within_the_tolerance():
+    out = io.StringIO()
+    render_accuracy(accuracy(ANALYSIS, BENCH), Console(file=out, width=200))
+    text = out.getvalue()
+    assert "512 tokens, alone: 2 of 2 families within ±25%" in text
+    assert "512 tokens, leave-one-out: 1 of 1 families within ±25%" in text
+    render_accuracy([], Console(file=out, width=200))  # nothing measured: nothing printed
+    assert out.getvalue() == text
