@@ -262,3 +262,40 @@ def test_record_kernels_needs_cuda(tmp_path):
 def test_manifest_lists_each_spec_once_with_its_buckets():
     m = precompile.manifest({512: ["b", "a"], 128: ["a", "a"]})  # 128 recorded at 127 and 128
     assert m["entries"] == [{"buckets": [128, 512], "spec": "a"}, {"buckets": [512], "spec": "b"}]
+
+
+def test_tune_says_whether_the_kernels_were_recorded(tmp_path):
+    """`advisor tune` records in a worker under a trial's timeout per recorded length; a
+    failure keeps the recipe as it is and says why (it used to leave only a missing field)."""
+    from contextlib import contextmanager
+
+    from advisor.search.study import TuneOptions, record_kernels
+
+    recipe = Recipe(buckets=(Bucket(1, Plan(("rope",))), Bucket(512, Plan(("rope",)))))
+    asked = []
+
+    class Pool:
+        def __init__(self, answer):
+            self.answer = answer
+
+        @contextmanager
+        def lease(self):
+            yield self
+
+        def request(self, req, timeout_s):
+            asked.append((req["op"], timeout_s))
+            return self.answer
+
+    options = TuneOptions("m.py", (1, 512), tmp_path / "r.json", torch.bfloat16, device="cuda",
+                          trial_timeout_s=10.0)
+    manifest = {"triton": triton.__version__, "target": "cuda:90", "entries": [{"buckets": [1], "spec": "{}"}]}
+    got, note = record_kernels(Pool({"ok": True, "kernels": manifest}), recipe, options)
+    assert got.kernels == manifest and note == "1 kernels recorded"
+    assert asked == [("record", 10.0 * 3)]  # lengths 1, 511 and 512
+    got, note = record_kernels(Pool({"ok": False, "reason": "timeout", "message": "no answer within 30s"}),
+                               recipe, options)
+    assert got is recipe and note.startswith("kernels not recorded (timeout: no answer within 30s)")
+    assert record_kernels(Pool({"ok": True, "kernels": None}), recipe, options)[1] == "no kernels to record"
+    cpu = TuneOptions("m.py", (1,), tmp_path / "r.json", torch.float32)
+    assert record_kernels(Pool({}), recipe, cpu) == (recipe, "kernels not recorded: they are compiled for a "
+                                                     "CUDA device")

@@ -89,4 +89,6 @@ def render_tune_summary(result: Any, console: Console) -> None:
     console.print(t)
     if result.worker_restarts:
         console.print(f"[yellow]worker processes replaced: {result.worker_restarts}[/yellow]")
+    if note := getattr(result, "kernels_note", ""):
+        console.print(f"[yellow]{note}[/yellow]" if "not recorded (" in note else f"[dim]{note}[/dim]")
     console.print(f"[dim]wrote {result.out} (study storage: {result.storage})[/dim]")

@@ -96,6 +96,7 @@ class TuneResult:
     out: Path
     storage: str
     worker_restarts: int
+    kernels_note: str = ""  # whether the recipe's kernels were recorded (`record_kernels`)
 
 
 @dataclass(frozen=True)
@@ -378,17 +379,25 @@ def to_recipe(results: list[BucketResult], info: dict[str, Any], options: TuneOp
     return Recipe(buckets=buckets, model=model, environment=info["environment"])
 
 
-def record_kernels(pool: WorkerPool, recipe: Recipe, options: TuneOptions) -> Recipe:
+def record_kernels(pool: WorkerPool, recipe: Recipe, options: TuneOptions) -> tuple[Recipe, str]:
     """The recipe with the kernels its buckets compile, recorded in a worker (so a cold
-    `apply` compiles them in parallel: runtime/precompile.py); where that fails, the recipe
-    as it is (nothing lost: only the cold start is longer)."""
+    `apply` compiles them in parallel: runtime/precompile.py), and a note saying so; where
+    that fails, the recipe as it is (nothing lost: only the cold start is longer) and the
+    note says why. Each recorded length (`record.bounds`) gets a trial's timeout."""
+    from advisor.runtime.record import bounds
+
     if not str(options.device).startswith("cuda"):
-        return recipe
+        return recipe, "kernels not recorded: they are compiled for a CUDA device"
     req = {"op": "record", "recipe": recipe.to_json(), "seed": options.seed}
     with pool.lease() as worker:
-        res = worker.request(req, options.trial_timeout_s)
-    kernels = res.get("kernels") if res.get("ok") else None
-    return replace(recipe, kernels=kernels) if kernels else recipe
+        res = worker.request(req, options.trial_timeout_s * max(1, len(bounds(recipe))))
+    if not res.get("ok"):
+        return recipe, (f"kernels not recorded ({res.get('reason')}: {res.get('message')}); "
+                        "a cold apply compiles them itself")
+    kernels = res.get("kernels")
+    if not kernels:
+        return recipe, "no kernels to record"
+    return replace(recipe, kernels=kernels), f"{len(kernels.get('entries', []))} kernels recorded"
 
 
 def tune(options: TuneOptions, listener: Listener | None = None) -> TuneResult:
@@ -416,9 +425,9 @@ def tune(options: TuneOptions, listener: Listener | None = None) -> TuneResult:
             prev = results[-1].plan if results and results[-1].length > 1 else None
             results.append(tune_bucket(pool, storage, f"{name}-len{space.length}", options, space,
                                        ms, budget, listener, prev))
-        recipe = record_kernels(pool, to_recipe(results, info, options), options)
+        recipe, kernels_note = record_kernels(pool, to_recipe(results, info, options), options)
         save_recipe(recipe, options.out)
     finally:
         optuna.logging.set_verbosity(level)
         pool.close()
-    return TuneResult(recipe, tuple(results), Path(options.out), where, pool.restarts)
+    return TuneResult(recipe, tuple(results), Path(options.out), where, pool.restarts, kernels_note)
