@@ -23,8 +23,7 @@ bucket), before and after them, not taken from the recipe's own row: on an H100 
 15) every leave-one-out of a family that held no site — the same graph — read 0.009 ms
 slower than the recipe's row, a bias as large as some savings. A family that attempted no
 site in the plan is not timed at all: without it the rewrite builds the same graph, so its
-saving is 0 by construction (one whose sites were all refused is timed: the graph-wide
-passes run only where some family tried a site).
+saving is 0 by construction (one whose sites were all refused is timed all the same).
 
 Alone (`alone_rows`): the analyzer predicts each family's saving over the *unfused* graph,
 under CUDA graphs, its sites timed without PDL (runtime/site_probe.py). A leave-one-out
@@ -33,12 +32,19 @@ applied by itself to the unfused model, with the plan's CUDA-graph flag and with
 
     measured_saving_ms(f) = t(unfused) − t(f alone)
 
-the quantity the prediction names, site for site (every site f matches, none taken by a
-deeper family). t(unfused) is timed before and after the families, as the plan is above.
+the quantity the prediction names (every site f matches, none taken by a deeper family).
+"Unfused" is the runtime's own baseline: the traced graph with the graph-wide passes
+(runtime/rewrite.py: repeated ops merged, the causal mask computed once per length),
+which every plan gets, so they are in neither side of the difference. t(unfused) is timed
+before and after the families, as the plan is above. Limit: a plan without CUDA graphs
+has no traced baseline (an empty bucket without graphs runs the original module), so
+its alone rows also carry the traced path's host cost and the passes; every bucket of
+the committed recipes uses graphs.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -72,8 +78,10 @@ def alone(plan: Plan) -> tuple[Plan, list[tuple[str, Plan]]]:
 def taken_over(plan_sites: Mapping[str, Sequence[str]],
                without_sites: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
     """Families applied at sites without the removed one that they did not hold with it:
-    family -> those sites' modules."""
-    out = {f: [m for m in mods if m not in set(plan_sites.get(f, ()))] for f, mods in without_sites.items()}
+    family -> those sites' modules (as a multiset: a module may name several sites, RoPE's
+    function in every layer)."""
+    out = {f: list((Counter(mods) - Counter(plan_sites.get(f, ()))).elements())
+           for f, mods in without_sites.items()}
     return {f: mods for f, mods in out.items() if mods}
 
 
@@ -145,7 +153,8 @@ def alone_rows(shape: int, plan: Plan,
                time_plan: Callable[[Plan], tuple[float, dict[str, list[str]]]]) -> list[dict[str, Any]]:
     """One row per family of `plan`: the unfused model with it alone (`alone`), timed by
     `time_plan` like the plan, against the unfused model timed before and after. Each row:
-    `unfused_ms` (+ `unfused_ms_runs`), `with_ms`, the sites it applied alone (`sites`), and
+    `unfused_ms` (+ `unfused_ms_runs`), `with_ms`, the sites it applied alone (`sites`, their
+    modules in `applied_sites`), and
     `measured_saving_ms` = unfused − with; a family that fails is a row with its error, an
     unfused model that fails to time leaves every saving None with `baseline_error`."""
     base, each = alone(plan)
@@ -155,7 +164,8 @@ def alone_rows(shape: int, plan: Plan,
         row: dict[str, Any] = {"shape": shape, "family": family, "cuda_graph": base.cuda_graph}
         try:
             ms, sites = time_plan(only)
-            row.update(with_ms=ms, sites=len(sites.get(family, ())))
+            applied = list(sites.get(family, ()))
+            row.update(with_ms=ms, sites=len(applied), applied_sites=applied)
         except Exception as exc:  # a family that fails alone is a result, not a crash
             row.update(with_ms=None, sites=None, error=one_line(exc))
         rows.append(row)

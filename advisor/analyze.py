@@ -69,12 +69,11 @@ def find_candidates(model: torch.nn.Module, inputs: Any, ceilings: Ceilings,
     """Candidates priced by the ceilings; with `device`, each site's device-time saving
     measured there: merges as cuBLAS calls (profile/merge_probe.py), the other families'
     sites fused vs captured (runtime/site_probe.py, CUDA only)."""
-    captured = capture(model, inputs)
-    matches = matches_of(captured)
+    matches = matches_of(capture(model, inputs))
     if device is None:
         return tuple(candidates(matches, costs_from(ceilings)))
     merges = probe_merges(matches, device)
-    sites = probe_sites(matches, device, weights=captured.parameter_nodes())
+    sites = probe_sites(matches, device)
 
     def measured(m: Any) -> float | None:
         if m.kernel == MERGE_KERNEL:

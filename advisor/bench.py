@@ -157,12 +157,12 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
         for t in shapes if ablate or alone else ():
             context["len"] = t
             bucket = recipe.bucket_for(t)
-            if bucket is None or advisor_ms.get(t) is None:
+            if bucket is None:
                 continue
 
             def time_plan(p: Any, t: int = t, bound: int = bucket.max_len) -> tuple[float, Any]:
                 return _time_plan(model, Bucket(bound, p), inputs[t], states[t], device, length_of, reset[t])
-            if ablate:
+            if ablate and advisor_ms.get(t) is not None:
                 result.ablation += ablation_rows(t, bucket.plan, advisor_ms[t], time_plan,
                                                  fast.applied_sites(bucket.max_len),
                                                  sites_tried(result.applied, bucket.max_len))

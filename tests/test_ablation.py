@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from advisor.ablation import ablation_rows, alone, alone_rows, leave_one_out
+from advisor.ablation import ablation_rows, alone, alone_rows, leave_one_out, taken_over
 from advisor.bench import run_bench, to_json
 from advisor.loader import load_model_file
 from advisor.report.accuracy import graph_priced, marginal_prediction, small_kernel_us
@@ -77,6 +77,12 @@ def test_a_family_whose_sites_were_all_refused_is_timed_and_a_failing_baseline_i
     assert rows["add_rms_norm"]["measured_saving_ms"] == 0.5
 
 
+def test_sites_taken_over_count_a_module_named_by_several_sites():
+    """RoPE's sites are named after its function, the same in every layer."""
+    assert taken_over({"rope": ["f"]}, {"rope": ["f", "f", "f"], "gated_act": []}) == {"rope": ["f", "f"]}
+    assert taken_over({"rope": ["f", "f"]}, {"rope": ["f", "f"]}) == {}
+
+
 def test_a_deep_familys_margin_is_priced_site_by_site_where_the_sites_are_named():
     """add_rms_norm_linear holds 2 QKV sites and the lm_head; without it add_rms_norm and
     qkv_merge take the QKV sites back, and the lm_head goes unfused. Its per-site mean
@@ -97,6 +103,11 @@ def test_a_deep_familys_margin_is_priced_site_by_site_where_the_sites_are_named(
     assert marginal_prediction(counted, cands, measured) == pytest.approx(0.10 * 3 / 4 - 0.01 - 0.006)
     # a family re-priced (here doubled) keeps its sites' proportions
     assert marginal_prediction(row, cands, lambda c: 2 * c["device_saving_ms"]) == pytest.approx(2 * 0.064)
+    # per-site proportions of the other sign than the price (a measured loss re-priced
+    # as a gain) are not used: the mean instead
+    flipped = {**cands, "add_rms_norm": {**cands["add_rms_norm"], "device_saving_ms": -0.02}}
+    assert marginal_prediction(row, flipped, lambda c: 0.02 if c["count"] == 4 and c["device_saving_ms"] < 0
+                               else c["device_saving_ms"]) == pytest.approx(0.08 - 0.01 - 0.006)
     # a site the analysis did not see is priced at the family's mean
     other = {**row, "held_sites": ["l0.in", "l1.in", "elsewhere"]}
     assert marginal_prediction(other, cands, measured) == pytest.approx(0.02 + 0.025 - 0.016)
@@ -191,6 +202,7 @@ def test_bench_ablate_and_alone_on_the_cpu_time_every_family_of_the_plan():
         assert abs(r["measured_saving_ms"] - (r["without_ms"] - r["plan_ms"])) < 1e-12
     rows = to_json(result)["alone"]
     assert [(r["family"], r["sites"]) for r in rows] == [("add_rms_norm", 4), ("gated_act", 2)]  # 2 layers
+    assert rows[1]["applied_sites"] == ["layers.0.feed_forward", "layers.1.feed_forward"]
     for r in rows:
         assert abs(r["measured_saving_ms"] - (r["unfused_ms"] - r["with_ms"])) < 1e-12
 
@@ -212,3 +224,20 @@ def test_report_prefers_the_ablation_and_reprices_launches_under_graphs():
     assert repriced is not None and 0.15 < repriced < 0.25 < cand["predicted_saving_ms"]
     assert "leave-one-out in the bench" in page and "0.170 ms" in page
     assert f"{0.17 - repriced:+.3f} ms" in page
+
+
+def test_the_unfused_baseline_gets_the_graph_wide_passes_as_every_plan_does():
+    """`bench --alone` measures each family against the traced model with no fusion: the
+    passes (repeated ops merged, size-only values memoised) must be on that side too, or
+    every family would be credited with them."""
+    from advisor.loader import build, call, inputs_for
+    from advisor.runtime.apply import apply
+
+    mf = load_model_file("examples/llama_hf.py")
+    model = build(mf, torch.device("cpu"), torch.float32)
+    x = inputs_for(mf, 4, 1, torch.device("cpu"))
+    fast = apply(model, Recipe.from_plan(Plan(cuda_graph=True)))
+    with torch.no_grad():
+        call(fast, x)
+    total = next(r for r in fast.summary() if r["family"] == "(all)")
+    assert total["repeats_merged"] > 0 and total["shape_only_memoized"] > 0, total

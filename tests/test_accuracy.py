@@ -25,7 +25,11 @@ BENCH = {
         {"shape": 512, "family": "add_rms_norm", "cuda_graph": True, "sites": 2, "unfused_ms": 2.0,
          "unfused_ms_runs": [1.999, 2.001], "with_ms": 1.9, "measured_saving_ms": 0.1},
         {"shape": 512, "family": "rope", "cuda_graph": False, "sites": 2, "unfused_ms_runs": [3.0],
-         "measured_saving_ms": 0.4},
+         "measured_saving_ms": 0.42},
+        # alone, one of its two sites refused: priced at the site it applied (0.07 of 0.10)
+        {"shape": 512, "family": "add_rms_norm_linear", "cuda_graph": True, "sites": 1,
+         "applied_sites": ["l1.in"], "measured_saving_ms": 0.08},
+        {"shape": 512, "family": "gated_act", "cuda_graph": True, "sites": 0, "measured_saving_ms": 0.001},
         {"shape": 128, "family": "rope", "cuda_graph": True, "measured_saving_ms": 0.1},  # not analysed
     ],
     "ablation": [
@@ -39,13 +43,17 @@ BENCH = {
 
 def test_each_measurement_meets_the_prediction_it_measures():
     rows = {(r.source, r.family): r for r in accuracy(ANALYSIS, BENCH)}
-    assert set(rows) == {(ALONE, "add_rms_norm"), (ALONE, "rope"), (LEAVE_ONE_OUT, "add_rms_norm_linear")}
+    # gated_act found no site alone (and has no candidate): not judged
+    assert set(rows) == {(ALONE, "add_rms_norm"), (ALONE, "rope"), (ALONE, "add_rms_norm_linear"),
+                         (LEAVE_ONE_OUT, "add_rms_norm_linear")}
+    partial = rows[ALONE, "add_rms_norm_linear"]
+    assert partial.predicted_ms == pytest.approx(0.07) and partial.warm_ms is None  # no warm timing
     alone = rows[ALONE, "add_rms_norm"]  # under CUDA graphs: the probes' device saving, and the warm one
     assert (alone.predicted_ms, alone.warm_ms, alone.measured_ms, alone.sites) == (0.08, 0.06, 0.1, 2)
     assert alone.noise_ms == pytest.approx(0.002) and alone.error == pytest.approx(-0.2) and alone.within()
     eager = rows[ALONE, "rope"]  # timed without graphs: the eager-priced prediction, no noise estimate
     assert eager.predicted_ms == 0.5 and eager.warm_ms == 0.5 and eager.noise_ms is None
-    assert eager.error == pytest.approx(0.25) and eager.within()
+    assert eager.error == pytest.approx(0.08 / 0.42) and eager.within()
     # the deep family's margin at its one held site (0.07) over add_rms_norm's there (0.04)
     margin = rows[LEAVE_ONE_OUT, "add_rms_norm_linear"]
     assert margin.predicted_ms == pytest.approx(0.03) and margin.within()
@@ -67,7 +75,7 @@ def test_the_console_table_counts_the_families_within_the_tolerance():
     out = io.StringIO()
     render_accuracy(accuracy(ANALYSIS, BENCH), Console(file=out, width=200))
     text = out.getvalue()
-    assert "512 tokens, alone: 2 of 2 families within ±25%" in text
+    assert "512 tokens, alone: 3 of 3 families within ±25%" in text
     assert "512 tokens, leave-one-out: 1 of 1 families within ±25%" in text
     render_accuracy([], Console(file=out, width=200))  # nothing measured: nothing printed
     assert out.getvalue() == text

@@ -41,7 +41,7 @@ class Candidate:
     probe_note: str = ""        # why device_saving_ms is None (a site's probe skip reason)
     # per site, in `sites` order: each one's measured saving (cold), and the forward's total
     # with activations read from L2 (runtime/site_probe.py; a site without a warm timing
-    # counts its cold one); () / None where not (fully) probed
+    # counts its cold one; None where no site has one); () / None where not (fully) probed
     site_savings_ms: tuple[float | None, ...] = ()
     device_saving_warm_ms: float | None = None
 
@@ -101,8 +101,9 @@ def candidates(matches: list[Match], costs: Costs,
         per_site = [measured(m) for m in ms] if measured is not None else [None]
         device = None if None in per_site else sum(per_site)
         warm_total = None
-        if device is not None and warm is not None:
-            warm_total = sum(w if (w := warm(m)) is not None else t for m, t in zip(ms, per_site))
+        warm_sites = [warm(m) for m in ms] if device is not None and warm is not None else []
+        if any(w is not None for w in warm_sites):  # else there is no warm figure to give
+            warm_total = sum(t if w is None else w for w, t in zip(warm_sites, per_site))
         note = ""
         if device is None and measured is not None and unmeasured is not None:
             note = next((unmeasured(m) for m, t in zip(ms, per_site) if t is None), "")

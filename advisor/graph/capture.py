@@ -39,11 +39,6 @@ class Captured:
     def nodes(self) -> list[tuple[GraphPart, fx.Node]]:
         return [(p, n) for p in self.parts for n in p.gm.graph.nodes]
 
-    def parameter_nodes(self) -> set[fx.Node]:
-        """Placeholders that are the model's parameters or buffers (the rest: activations)."""
-        return {n for p, n in self.nodes() if n.op == "placeholder" and n.name in p.params}
-
-
 def _param_names(model: torch.nn.Module) -> dict[int, str]:
     named = dict(model.named_parameters(remove_duplicate=False))
     named.update(dict(model.named_buffers(remove_duplicate=False)))

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from advisor.report.html_common import _num
+from advisor.runtime.plan import CUDA_GRAPH
 
 TOLERANCE = 0.25  # issue 7: predicted savings within ±25% of measured
 ALONE, LEAVE_ONE_OUT = "alone", "leave-one-out"
@@ -78,7 +79,8 @@ def _site_price(c: dict, p: float, module: str) -> float:
     `apply_rotary_pos_emb` in every layer) gets their mean."""
     sites, each, total = c.get("sites") or [], c.get("site_savings_ms") or [], _num(c.get("device_saving_ms"))
     at = [e for s, e in zip(sites, each) if s == module]
-    if at and len(each) == len(sites) and total and None not in each:
+    # a total near 0, or of the other sign than the price, gives no proportions to scale
+    if at and len(each) == len(sites) and None not in each and total and p / total > 0 and abs(total) > 1e-6:
         return sum(at) / len(at) * p / total
     return p / c["count"]
 
@@ -109,30 +111,44 @@ def marginal_prediction(row: dict, cands: dict[str, dict],
     return total
 
 
+def price(c: dict, ceilings: dict | None, kernel_us: float | None, graphs: bool,
+          warm: bool = False) -> float | None:
+    """A family's predicted saving: eager-priced without CUDA graphs; under them re-priced
+    for them (`graph_priced`), or with `warm` the probes' warm variant (None where the
+    analysis has none)."""
+    if not graphs:
+        return _num(c.get("predicted_saving_ms"))
+    if warm:
+        return _num(c.get("device_saving_warm_ms"))
+    return graph_priced(c, ceilings, kernel_us)
+
+
 def alone_prediction(row: dict, c: dict, ceilings: dict | None, kernel_us: float | None,
                      warm: bool = False) -> float | None:
-    """The prediction an alone row measures: re-priced for CUDA graphs when it ran under
-    them (`warm`: the probes' warm variant where timed), else the eager-priced saving."""
-    if not row.get("cuda_graph"):
-        return _num(c.get("predicted_saving_ms"))
-    if warm and (w := _num(c.get("device_saving_warm_ms"))) is not None:
-        return w
-    return graph_priced(c, ceilings, kernel_us)
+    """The prediction an alone row measures: the family's price (`price`, under CUDA
+    graphs when the row ran under them) at the sites it applied (`applied_sites`, where
+    the row names them: a refused site saves nothing), else at all of them."""
+    p = price(c, ceilings, kernel_us, bool(row.get(CUDA_GRAPH)), warm)
+    if p is None or "applied_sites" not in row:
+        return p
+    return sum(_site_price(c, p, m) for m in row["applied_sites"])
 
 
 def leave_one_out_prediction(row: dict, cands: dict[str, dict], ceilings: dict | None,
                              kernel_us: float | None, graphs: bool, warm: bool = False) -> float | None:
     """The prediction a leave-one-out row measures: the family's margin over the families
     that took its sites back where the row allows (else its own price), priced for CUDA
-    graphs when the plan used them."""
-    def price(x: dict) -> float | None:
-        if not graphs:
-            return _num(x.get("predicted_saving_ms"))
-        if warm and (w := _num(x.get("device_saving_warm_ms"))) is not None:
-            return w
-        return graph_priced(x, ceilings, kernel_us)
-    margin = marginal_prediction(row, cands, price)
-    return margin if margin is not None else price(cands[str(row.get("removed"))])
+    graphs when the plan used them. `warm`: the removed family's warm price (None without
+    one), the others' warm price where they have one."""
+    own = cands[str(row.get("removed"))]
+    if warm and price(own, ceilings, kernel_us, graphs, warm=True) is None:
+        return None
+
+    def priced(x: dict) -> float | None:
+        w = price(x, ceilings, kernel_us, graphs, warm=True) if warm else None
+        return w if w is not None else price(x, ceilings, kernel_us, graphs)
+    margin = marginal_prediction(row, cands, priced)
+    return margin if margin is not None else priced(own)
 
 
 @dataclass(frozen=True)
@@ -163,21 +179,22 @@ def _spread(runs: list | None) -> float | None:
 
 def accuracy(analysis: dict, bench: dict | None) -> list[Accuracy]:
     """Every family measured alone or left out at an analysed length, against its prediction.
-    Rows of families that held no site (not timed) and of the plan flags are left out."""
+    Rows of families that held no site (left out: not timed; alone: none found) and of the
+    plan flags are left out."""
     out: list[Accuracy] = []
     for s in analysis.get("shapes", []):
         length, ceilings = s.get("seq_len"), analysis.get("ceilings")
         cands = {str(c.get("family")): c for c in s.get("candidates", [])}
         kernel_us = small_kernel_us(s)
         for fam, row in alone_at(bench, length).items():
-            if fam in cands:
+            if fam in cands and row.get("sites") != 0:  # a family that found no site alone
                 args = (row, cands[fam], ceilings, kernel_us)
                 out.append(Accuracy(length, fam, ALONE, alone_prediction(*args),
                                     alone_prediction(*args, warm=True),
                                     _num(row.get("measured_saving_ms")), _spread(row.get("unfused_ms_runs")),
                                     row.get("sites")))
         ablated = ablation_at(bench, length)
-        graphs = "cuda_graph" in ablated
+        graphs = CUDA_GRAPH in ablated
         for fam, row in ablated.items():
             if fam in cands and not row.get("same_graph"):
                 args = (row, cands, ceilings, kernel_us, graphs)

@@ -147,12 +147,13 @@ def _alone_cells(row: dict, c: dict, ceilings: dict | None,
     eager = _num(c.get("predicted_saving_ms"))
     predicted = alone_prediction(row, c, ceilings, kernel_us)
     tip = (f"alone in the bench at {row.get('shape')} tokens: unfused {_f(row.get('unfused_ms'))} ms − "
-           f"unfused with {row.get('family')} at {row.get('sites', DASH)} sites {_f(row.get('with_ms'))} ms")
+           f"unfused with {row.get('family')} at {_f(row.get('sites'), '.0f')} sites "
+           f"{_f(row.get('with_ms'))} ms")
     if row.get("error") or row.get("baseline_error"):
         tip += f" ({row.get('error') or row.get('baseline_error')})"
     if predicted != eager and predicted is not None:
-        tip += (f"; compared with the prediction re-priced for CUDA graphs, {predicted:.3f} ms "
-                f"(eager-priced {_f(eager)} ms)")
+        tip += (f"; compared with the prediction re-priced for CUDA graphs at the sites applied, "
+                f"{predicted:.3f} ms (eager-priced {_f(eager)} ms)")
     if (warm := alone_prediction(row, c, ceilings, kernel_us, warm=True)) != predicted and warm is not None:
         tip += f"; with the site's activations in L2 the probe predicted {warm:.3f} ms"
     return _error_cells(_num(row.get("measured_saving_ms")), predicted, tip)

@@ -368,12 +368,14 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
             results.append(SiteResult(m.family, m.module, True, max_error=confirmed.max_error, note=note))
         gm.graph.eliminate_dead_code()
     gm.graph.lint()
+    # Graph-wide passes, whatever the fusions did (a plan whose families found no site, or
+    # none, gets them too: the runtime's baseline, which `bench --alone` measures against):
     # per-layer copies of one value (a decoder's additive mask, position arithmetic) and
     # per-layer counter increments: one op each
-    repeats = eliminate_common_subexpressions(gm) if results else 0
-    increments = batch_input_increments(gm) if results else 0
+    repeats = eliminate_common_subexpressions(gm)
+    increments = batch_input_increments(gm)
     # the causal mask and other values derived from sizes alone: computed once per length
-    memoized = memoize_shape_only(gm) if results else 0
+    memoized = memoize_shape_only(gm)
     # SDPA left to torch that reads a kept causal mask: is_causal instead (flash, no mask)
     causal_sdpa = read_marked_masks(gm) if memoized else 0
     # replayed graphs: the logits' matmul runs after the replay, into memory of its own

@@ -18,11 +18,12 @@ lays them (runtime/weights.py), so neither side pays a per-call concatenation.
 Warm variant (`warm_*`, CUDA only): in a forward a site's activations were mostly just
 written by the op before it and are read back from L2 where they fit, while its weights
 come from HBM (each layer reads its own once). The cold probe reads both from HBM, which
-over-prices what an unfused chain of elementwise ops costs at a few hundred tokens. So
-each site is also timed with its activation inputs read once just before it (a sum over
-each: it pulls them into L2), minus that touch timed alone. Weights (the capture's
-parameters, `weights`) stay cold. Which of the two a forward sees lies between them (the
-residual stream was written layers of traffic ago); both are recorded for the report.
+may over-price an unfused chain that reads its inputs more than once. So each site is
+also timed with its activation inputs (those computed in the forward, not graph inputs)
+read once just before it (a sum over each: it pulls them into L2), minus that touch
+timed alone. Graph inputs stay cold: weights, the caller's tensors, a KV cache. Which of
+the two a forward sees lies between them (the residual stream was written layers of
+traffic ago); both are recorded for the report.
 
 Nodes a site shares with other sites (Match.shared: one causal mask read by every
 layer's attention) are outputs of both spellings, so both compute them and the site's
@@ -35,11 +36,12 @@ interpreter), and a site whose emit or kernel fails.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from advisor.errors import one_line
@@ -120,21 +122,28 @@ def _arg_sets(m: Match, inputs: list[Any], copies: int, seed: int) -> list[list[
     return sets
 
 
-def activations(inputs: list[Any], args: list[Any], weights: Collection[Any]) -> list[int]:
-    """Indices of the site's floating-point inputs that are not the model's weights: what
-    the warm probe reads into L2 before the site."""
+def activations(inputs: list[fx.Node], args: list[Any]) -> list[int]:
+    """Indices of the site's floating-point inputs computed in the forward itself (not a
+    graph input: weights, the caller's tensors, a KV cache last written a forward ago):
+    what the warm probe reads into L2 before the site."""
     return [i for i, (n, a) in enumerate(zip(inputs, args))
-            if n not in weights and isinstance(a, torch.Tensor) and a.is_floating_point()]
+            if n.op != "placeholder" and isinstance(a, torch.Tensor) and a.is_floating_point()]
+
+
+def _span(t: torch.Tensor) -> torch.Tensor:
+    """The memory a view reads, once, as a flat view (a broadcast dim read once, not per
+    index: the touch reads what the site reads)."""
+    span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
+    return t.as_strided((span,), (1,)) if t.numel() else t
 
 
 def _set_bytes(args: list[Any]) -> int:
     return sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
 
 
-def time_site(m: Match, device: torch.device | str, seed: int = 0,
-              weights: Collection[torch.fx.Node] = ()) -> SiteTiming:
+def time_site(m: Match, device: torch.device | str, seed: int = 0) -> SiteTiming:
     """Device ms per site of the captured subgraph and of the fused op, cold and (CUDA)
-    warm; `weights`: the capture's parameter placeholders, kept cold (module doc)."""
+    warm (module doc); a warm timing that fails leaves the cold one standing."""
     device = torch.device(device)
     all_kernels()  # importing the kernel modules registers their custom ops
     # Nodes other sites read too (one mask, every layer) are outputs of both spellings:
@@ -148,29 +157,32 @@ def time_site(m: Match, device: torch.device | str, seed: int = 0,
         first = _arg_sets(m, inputs, 1, seed)
         sets = first + _arg_sets(m, inputs, copies_past_l2(_set_bytes(first[0]), device) - 1, seed + 1)
 
-        warm = activations(inputs, sets[0], weights)
+        warm = [[_span(args[i]) for i in activations(inputs, args)] for args in sets]
 
         def over(gm: torch.fx.GraphModule | None, touch: bool = False):
             def run() -> None:
-                for args in sets:
-                    for i in warm if touch else ():
-                        args[i].sum()  # read once: in L2 for the site (module doc)
+                for args, reads in zip(sets, warm):
+                    for t in reads if touch else ():
+                        t.sum()  # read once: in L2 for the site (module doc)
                     if gm is not None:
                         gm(*args)
             return run
         unfused = device_ms(over(ref_gm), device) / len(sets)
         fused = device_ms(over(fused_gm), device) / len(sets)
-        if device.type != "cuda" or not warm:
+        if device.type != "cuda" or not warm[0]:
             return SiteTiming(unfused, fused)
-        touch = device_ms(over(None, True), device)
-        return SiteTiming(unfused, fused, (device_ms(over(ref_gm, True), device) - touch) / len(sets),
-                          (device_ms(over(fused_gm, True), device) - touch) / len(sets))
+        try:
+            touch = device_ms(over(None, True), device)
+            return SiteTiming(unfused, fused, (device_ms(over(ref_gm, True), device) - touch) / len(sets),
+                              (device_ms(over(fused_gm, True), device) - touch) / len(sets))
+        except CaptureFailed:  # the device may be unusable: stop probing (probe_sites)
+            raise
+        except Exception:  # noqa: BLE001 - the cold timing stands without the warm one
+            return SiteTiming(unfused, fused)
 
 
-def probe_sites(matches: Iterable[Match], device: torch.device | str,
-                weights: Collection[torch.fx.Node] = ()) -> SiteProbe:
-    """Each distinct site among `matches`, timed once on `device` (or skipped, with why);
-    `weights`: the capture's parameter placeholders (see `time_site`)."""
+def probe_sites(matches: Iterable[Match], device: torch.device | str) -> SiteProbe:
+    """Each distinct site among `matches`, timed once on `device` (or skipped, with why)."""
     device = torch.device(device)
     timings: dict[tuple, SiteTiming] = {}
     skipped: dict[tuple, str] = {}
@@ -184,7 +196,7 @@ def probe_sites(matches: Iterable[Match], device: torch.device | str,
             skipped[key] = reason
             continue
         try:
-            timings[key] = time_site(m, device, weights=weights)
+            timings[key] = time_site(m, device)
         except CaptureFailed as exc:  # later captures may fail for this one's sake
             stopped = skipped[key] = f"CaptureFailed: {exc}"[:200]
         except Exception as exc:  # emit refused, a kernel failed to compile or to capture
