@@ -21,9 +21,10 @@ margin site by site (report/html_candidates.py, `marginal_prediction`).
 The baseline t(plan) is timed the way each t(plan − f) is (a fresh apply of the one
 bucket), before and after them, not taken from the recipe's own row: on an H100 (session
 15) every leave-one-out of a family that held no site — the same graph — read 0.009 ms
-slower than the recipe's row, a bias as large as some savings. A family that attempted no
-site in the plan is not timed at all: without it the rewrite builds the same graph, so its
-saving is 0 by construction (one whose sites were all refused is timed all the same).
+slower than the recipe's row, a bias as large as some savings. A family that applied no
+site in the plan is not timed at all: without it the rewrite builds the same graph (a
+refused site is left as it was; the graph-wide passes run either way), so its saving is 0
+by construction.
 
 Alone (`alone_rows`): the analyzer predicts each family's saving over the *unfused* graph,
 under CUDA graphs, its sites timed without PDL (runtime/site_probe.py). A leave-one-out
@@ -36,7 +37,10 @@ the quantity the prediction names (every site f matches, none taken by a deeper 
 "Unfused" is the runtime's own baseline: the traced graph with the graph-wide passes
 (runtime/rewrite.py: repeated ops merged, the causal mask computed once per length),
 which every plan gets, so they are in neither side of the difference. t(unfused) is timed
-before and after the families, as the plan is above. Limit: a plan without CUDA graphs
+before and after the families, as the plan is above. Limits: the causal-SDPA pass reads
+a kept causal mask as `is_causal` only in SDPA nodes no family took, so an attention
+family alone is measured against flash attention while its site probe's unfused side
+is SDPA reading the mask (an over-prediction to expect); and a plan without CUDA graphs
 has no traced baseline (an empty bucket without graphs runs the original module), so
 its alone rows also carry the traced path's host cost and the passes; every bucket of
 the committed recipes uses graphs.
@@ -45,7 +49,7 @@ the committed recipes uses graphs.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -87,13 +91,12 @@ def taken_over(plan_sites: Mapping[str, Sequence[str]],
 
 def ablation_rows(shape: int, plan: Plan, recipe_ms: float,
                   time_plan: Callable[[Plan], tuple[float, dict[str, list[str]]]],
-                  plan_sites: Mapping[str, Sequence[str]],
-                  tried: Collection[str] = ()) -> list[dict[str, Any]]:
+                  plan_sites: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
     """One row per removed family: `time_plan(p)` gives p's median ms at `shape` and the
-    modules of its sites applied per family; `plan_sites` the same for the whole plan, `tried` the
-    families that attempted a site in it (applied or refused), `recipe_ms` the recipe's own
-    timing (kept). The baseline `plan_ms` is `time_plan(plan)` timed before and after the
-    leave-one-outs (their mean, both kept in `plan_ms_runs`: drift shows as their spread);
+    modules of its sites applied per family; `plan_sites` the same for the whole plan,
+    `recipe_ms` the recipe's own timing (kept). The baseline `plan_ms` is `time_plan(plan)`
+    timed before and after the leave-one-outs (their mean, both kept in `plan_ms_runs`:
+    drift shows as their spread);
     if neither run works it is recipe_ms and every row says so (`baseline_error`). A plan
     that raises is a row with its error. Rows carry both timings so a reader can recompute
     the saving."""
@@ -104,8 +107,7 @@ def ablation_rows(shape: int, plan: Plan, recipe_ms: float,
         if removed in plan.fusions:
             held = list(plan_sites.get(removed, ()))
             row.update(sites_in_plan=len(held), held_sites=held)
-            if not held and removed not in tried:
-                # it attempted no site: without it the rewrite builds the same graph
+            if not held:  # it applied no site: without it the rewrite builds the same graph
                 row.update(without_ms=None, measured_saving_ms=0.0, taken_over={}, taken_sites={},
                            same_graph=True)
                 rows.append(row)

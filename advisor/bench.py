@@ -164,8 +164,7 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
                 return _time_plan(model, Bucket(bound, p), inputs[t], states[t], device, length_of, reset[t])
             if ablate and advisor_ms.get(t) is not None:
                 result.ablation += ablation_rows(t, bucket.plan, advisor_ms[t], time_plan,
-                                                 fast.applied_sites(bucket.max_len),
-                                                 sites_tried(result.applied, bucket.max_len))
+                                                 fast.applied_sites(bucket.max_len))
             if alone:
                 result.alone += alone_rows(t, bucket.plan, time_plan)
         for mode in compile_modes:
@@ -240,11 +239,6 @@ def _advisor_row(fast: Any, x: Inputs, state: Snapshot, ref: torch.Tensor, exact
     if verdict.rel_error_vs_fp32 is not None:
         row["rel_error_vs_fp32"] = verdict.rel_error_vs_fp32
     return row
-
-
-def sites_tried(summary: list[dict[str, Any]], bound: int) -> set[str]:
-    """Families that attempted a site in one bucket (applied or refused)."""
-    return {r["family"] for r in summary if r["bucket"] == bound and (r.get("applied") or r.get("unfused"))}
 
 
 def _time_plan(model: torch.nn.Module, bucket: Bucket, x: Inputs, state: Snapshot, device: torch.device,

@@ -63,6 +63,14 @@ def test_shared_nodes_are_computed_on_both_sides():
     assert n_out(ref) == n_out(plain) + len([n for n in m.shared if n not in m.outputs.values()])
     t = site_probe.time_site(m, CPU)
     assert t.unfused_ms > 0 and t.fused_ms > 0
+    # the warm probe leaves the static cache cold, read through a view or an in-place write
+    site = next(m for m in found if m.family.startswith("attention") and m.kernel is not None)
+    _, inputs, _ = extract(site)
+    (args,) = site_probe._arg_sets(site, inputs, 1, seed=0)
+    warm = {inputs[i] for i in site_probe.activations(inputs, args)}
+    big = [n for n in inputs if n.meta.get("val") is not None and n.meta["val"].dim() == 4
+           and n.meta["val"].shape[2] >= 12]  # (b, kv heads, cache slots, d): the cache
+    assert big and not warm & set(big)
 
 
 def test_time_site_runs_both_spellings_on_the_probe_inputs(matches):

@@ -70,7 +70,7 @@ def written_by(node: fx.Node) -> list[fx.Node] | None:
             if arg.alias_info is not None and arg.alias_info.is_write for n in _nodes_in(v)]
 
 
-def _base_map(graph: fx.Graph) -> dict[fx.Node, fx.Node]:
+def storage_bases(graph: fx.Graph) -> dict[fx.Node, fx.Node]:
     """Each node -> the node owning the storage it aliases (itself unless it is a view:
     a schema return that aliases an argument — `out=` included —, an op the matcher
     treats as a view (`_unsafe_view` has no alias annotation), or `getitem` of such a
@@ -163,7 +163,7 @@ def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
     """Merge repeated functional ops in `gm` (in place); returns how many nodes were
     removed. Recompiles `gm` when it changed."""
     graph = gm.graph
-    base = _base_map(graph)
+    base = storage_bases(graph)
     ever_written: set[fx.Node] = set()
     for node in graph.nodes:
         written = written_by(node)

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from advisor.graph.cse import _base_map, _is_overload, _is_pure, _nodes_in, written_by
+from advisor.graph.cse import _is_overload, _is_pure, _nodes_in, storage_bases, written_by
 from advisor.graph.match import launches
 from advisor.kernels.masks import mark_if_causal
 
@@ -100,7 +100,7 @@ def _is_int_like(node: fx.Node) -> bool:
 def _shape_only_nodes(graph: fx.Graph) -> dict[fx.Node, None]:
     """The shape-only nodes (module docstring), in graph order; get_attr constants included
     when they are read only as shape-only inputs' sources (they launch nothing)."""
-    base = _base_map(graph)
+    base = storage_bases(graph)
     written: set[fx.Node] = set()
     for node in graph.nodes:
         w = written_by(node)

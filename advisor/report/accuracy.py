@@ -115,11 +115,11 @@ def price(c: dict, ceilings: dict | None, kernel_us: float | None, graphs: bool,
           warm: bool = False) -> float | None:
     """A family's predicted saving: eager-priced without CUDA graphs; under them re-priced
     for them (`graph_priced`), or with `warm` the probes' warm variant (None where the
-    analysis has none)."""
+    analysis has none, and without graphs)."""
+    if warm:  # the probes' warm variant prices a CUDA-graph replay only
+        return _num(c.get("device_saving_warm_ms")) if graphs else None
     if not graphs:
         return _num(c.get("predicted_saving_ms"))
-    if warm:
-        return _num(c.get("device_saving_warm_ms"))
     return graph_priced(c, ceilings, kernel_us)
 
 

@@ -152,8 +152,9 @@ def _alone_cells(row: dict, c: dict, ceilings: dict | None,
     if row.get("error") or row.get("baseline_error"):
         tip += f" ({row.get('error') or row.get('baseline_error')})"
     if predicted != eager and predicted is not None:
-        tip += (f"; compared with the prediction re-priced for CUDA graphs at the sites applied, "
-                f"{predicted:.3f} ms (eager-priced {_f(eager)} ms)")
+        how = "re-priced for CUDA graphs, " if row.get("cuda_graph") else ""
+        tip += (f"; compared with the prediction {how}at the sites applied, {predicted:.3f} ms "
+                f"(eager-priced, all sites: {_f(eager)} ms)")
     if (warm := alone_prediction(row, c, ceilings, kernel_us, warm=True)) != predicted and warm is not None:
         tip += f"; with the site's activations in L2 the probe predicted {warm:.3f} ms"
     return _error_cells(_num(row.get("measured_saving_ms")), predicted, tip)

@@ -45,6 +45,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from advisor.errors import one_line
+from advisor.graph.cse import storage_bases
 from advisor.graph.match import Match
 from advisor.kernels.registry import all_kernels
 from advisor.profile.merge_probe import MERGE_KERNEL
@@ -123,11 +124,15 @@ def _arg_sets(m: Match, inputs: list[Any], copies: int, seed: int) -> list[list[
 
 
 def activations(inputs: list[fx.Node], args: list[Any]) -> list[int]:
-    """Indices of the site's floating-point inputs computed in the forward itself (not a
-    graph input: weights, the caller's tensors, a KV cache last written a forward ago):
-    what the warm probe reads into L2 before the site."""
+    """Indices of the site's floating-point inputs computed in the forward itself: what the
+    warm probe reads into L2 before the site. An input whose storage is a graph input's
+    (weights, the caller's tensors, a KV cache even after an in-place write or through a
+    view: graph/cse.py `storage_bases`) stays cold. Values the runtime computes once per
+    length (graph/shape_only.py: a causal mask, prefill cos/sin) count as computed; they
+    are small."""
+    base = storage_bases(inputs[0].graph) if inputs else {}
     return [i for i, (n, a) in enumerate(zip(inputs, args))
-            if n.op != "placeholder" and isinstance(a, torch.Tensor) and a.is_floating_point()]
+            if base.get(n, n).op != "placeholder" and isinstance(a, torch.Tensor) and a.is_floating_point()]
 
 
 def _span(t: torch.Tensor) -> torch.Tensor:
