@@ -40,3 +40,5 @@ def test_report_prints_predicted_vs_measured_from_a_leave_one_out(tmp_path):
     assert "add_rms_norm_linear" in proc.stdout  # a family name in full: the table was not folded
     assert "1 tokens, leave-one-out: 3 of 7 families within ±25%" in proc.stdout
     assert "512 tokens, leave-one-out: 0 of 7 families within ±25%" in proc.stdout
+    page = (tmp_path / "r.html").read_text()
+    assert "Predicted within ±25% of measured: 3 of 7 families measured leave-one-out." in page

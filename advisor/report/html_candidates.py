@@ -24,7 +24,9 @@ then compared with its prediction re-priced that way (`graph_priced`).
 from __future__ import annotations
 
 from advisor.report.accuracy import (
+    TOLERANCE,
     ablation_at,
+    accuracy,
     alone_at,
     alone_prediction,
     graph_priced,
@@ -232,7 +234,20 @@ def candidates_table(s: dict, bench: dict | None, recipe: dict | None,
                      *_error_cells(total[0] if total else None, in_plan)])
     caption = _caption(*found) if found is not None else ""
     return (f"<h3>Fusion candidates at {_e(length)} tokens</h3>{caption}"
-            + _table(HEADS, rows, total=len(cands) if len(rows) > len(cands) else None))
+            + _table(HEADS, rows, total=len(cands) if len(rows) > len(cands) else None)
+            + _accuracy_line(s, bench, ceilings))
+
+
+def _accuracy_line(s: dict, bench: dict | None, ceilings: dict | None) -> str:
+    """How many families' predictions fall within ±25% of what the bench measured, per
+    measurement (report/accuracy.py; issue 7's target). Empty without --alone / --ablate."""
+    groups: dict[str, list[bool]] = {}
+    for r in accuracy({"ceilings": ceilings, "shapes": [s]}, bench):
+        if r.within() is not None:
+            groups.setdefault(r.source, []).append(bool(r.within()))
+    parts = [f"{sum(ok)} of {len(ok)} families measured {source}" for source, ok in groups.items()]
+    return (f"<p>Predicted within ±{TOLERANCE:.0%} of measured: {_e('; '.join(parts))}.</p>"
+            if parts else "")
 
 
 def candidates_section(a: dict, bench: dict | None, recipe: dict | None,
