@@ -73,6 +73,27 @@ def test_shared_nodes_are_computed_on_both_sides():
     assert big and not warm & set(big)
 
 
+def test_an_attention_site_reads_the_real_causal_mask_as_the_runtime_does():
+    """transformers' prefill mask is computed from sizes alone: the runtime keeps it and
+    reads it as `causal=True` (SDPA's flash kernel, our causal path). The probe gives the
+    site that very mask, marked, and its captured SDPA the same reading; a random mask
+    would time both masked kernels instead (session 14: attention priced as a loss)."""
+    from advisor.kernels.masks import is_causal_mask
+    from advisor.runtime.causal_sdpa import CausalWhenMarked
+
+    mf = load_model_file("examples/llama_hf.py")
+    model = build(mf, CPU, torch.float32)
+    found = matches_of(capture(model, inputs_for(mf, 8, 1, CPU)))
+    m = next(m for m in found if m.family == "attention")
+    ref, _, inputs, kept = site_probe.spellings(m)
+    assert len(kept) == 1
+    mask = site_probe._value(inputs[kept[0]])
+    assert mask.shape[-2:] == (8, 8) and is_causal_mask(mask) and getattr(mask, "_advisor_causal_mask", False)
+    assert any(isinstance(n.target, CausalWhenMarked) for n in ref.graph.nodes)
+    t = site_probe.time_site(m, CPU)
+    assert t.unfused_ms > 0 and t.fused_ms > 0
+
+
 def test_time_site_runs_both_spellings_on_the_probe_inputs(matches):
     """Each probed family's captured and fused graphs run on the random inputs (here on
     the CPU, through the interpreter: times are not meaningful, only present)."""
@@ -112,7 +133,7 @@ def test_warm_timings_subtract_the_touch_and_a_failing_one_keeps_the_cold(matche
     monkeypatch.setattr(site_probe, "device_ms", fake_ms)
     monkeypatch.setattr(site_probe, "copies_past_l2", lambda b, d: 2)
     cuda = torch.device("cuda")
-    monkeypatch.setattr(site_probe, "_arg_sets", lambda m, inputs, n, seed: [[
+    monkeypatch.setattr(site_probe, "_arg_sets", lambda m, inputs, n, seed, kept: [[
         torch.ones(1) if i == 0 else torch.zeros(1) for i in range(len(inputs))] for _ in range(n)])
     monkeypatch.setattr(site_probe, "activations", lambda inputs, args: [0])
     t = site_probe.time_site(m, cuda)

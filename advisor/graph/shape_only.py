@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from advisor.graph.capture import hint
 from advisor.graph.cse import _is_overload, _is_pure, _nodes_in, storage_bases, written_by
 from advisor.graph.match import launches
 from advisor.kernels.masks import mark_if_causal
@@ -97,7 +98,7 @@ def _is_int_like(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), _INT_TYPES)
 
 
-def _shape_only_nodes(graph: fx.Graph) -> dict[fx.Node, None]:
+def shape_only_region(graph: fx.Graph) -> dict[fx.Node, None]:
     """The shape-only nodes (module docstring), in graph order; get_attr constants included
     when they are read only as shape-only inputs' sources (they launch nothing)."""
     base = storage_bases(graph)
@@ -126,6 +127,46 @@ def _shape_only_nodes(graph: fx.Graph) -> dict[fx.Node, None]:
     return region
 
 
+def _cut(region: dict[fx.Node, None],
+         outputs: list[fx.Node]) -> tuple[list[fx.Node], list[fx.Node], fx.Graph]:
+    """What `outputs` need of the region (a region node nothing they read is dead), in
+    graph order; the integer nodes those read; and a graph of them taking the integers as
+    placeholders and returning `outputs` (a tuple)."""
+    needed: dict[fx.Node, None] = {}
+    work = list(outputs)
+    while work:
+        n = work.pop()
+        if n in needed or n not in region:
+            continue
+        needed[n] = None
+        work.extend(n.all_input_nodes)
+    order = {n: i for i, n in enumerate(outputs[0].graph.nodes)}
+    nodes = sorted(needed, key=order.__getitem__)
+    ints = sorted({a for n in nodes for a in n.all_input_nodes if a not in needed}, key=order.__getitem__)
+    sub, env = fx.Graph(), {}
+    for a in ints:
+        env[a] = sub.placeholder(a.name)
+        env[a].meta = dict(a.meta)
+    for n in nodes:
+        env[n] = sub.node_copy(n, env.__getitem__)
+    sub.output(tuple(env[n] for n in outputs))
+    return nodes, ints, sub
+
+
+def shape_only_value(node: fx.Node) -> torch.Tensor | None:
+    """The value a shape-only node (module docstring) has at the sizes its graph was traced
+    at, computed now, outside any fake mode (the runtime keeps it once per length); None
+    for any other node. Marked when it is the causal mask, as a kept value is."""
+    graph = node.graph
+    region = shape_only_region(graph)
+    if node not in region or node.op == "get_attr":
+        return None
+    _, ints, sub = _cut(region, [node])
+    (value,) = fx.GraphModule(graph.owning_module, sub)(*(hint(a.meta["val"]) for a in ints))
+    mark_if_causal(value)
+    return value
+
+
 def getattr_path(graph: fx.Graph, target: str) -> Any:
     obj: Any = graph.owning_module
     for part in target.split("."):
@@ -137,36 +178,21 @@ def memoize_shape_only(gm: fx.GraphModule) -> int:
     """Replace `gm`'s shape-only region by one `ShapeMemo` call (in place); returns the
     launches it takes off every call after the first (0: nothing changed)."""
     graph = gm.graph
-    region = _shape_only_nodes(graph)
+    region = shape_only_region(graph)
     frontier = [n for n in region if n.op != "get_attr"
                 and any(u not in region for u in n.users)]
-    # Only what the frontier needs: a region node whose value nothing outside reads is dead.
-    needed: dict[fx.Node, None] = {}
-    work = list(frontier)
-    while work:
-        n = work.pop()
-        if n in needed or n not in region:
-            continue
-        needed[n] = None
-        work.extend(n.all_input_nodes)
-    saved = sum(launches(n) for n in needed if n.op == "call_function")
-    if not frontier or saved == 0:
+    if not frontier:
+        return 0
+    nodes, ints, sub = _cut(region, frontier)
+    saved = sum(launches(n) for n in nodes if n.op == "call_function")
+    if saved == 0:
         return 0
     order = {n: i for i, n in enumerate(graph.nodes)}
-    nodes = sorted(needed, key=order.__getitem__)
-    ints = sorted({a for n in nodes for a in n.all_input_nodes if a not in needed},
-                  key=order.__getitem__)
+    needed = set(nodes)
     first_user = min((u for n in frontier for u in n.users if u not in needed),
                      key=order.__getitem__)
     if ints and order[ints[-1]] >= order[first_user]:
         return 0  # an integer is computed after a frontier value is first read: keep as is
-    sub, env = fx.Graph(), {}
-    for a in ints:
-        env[a] = sub.placeholder(a.name)
-        env[a].meta = dict(a.meta)
-    for n in nodes:
-        env[n] = sub.node_copy(n, env.__getitem__)
-    sub.output(tuple(env[n] for n in frontier))
     memo = ShapeMemo(fx.GraphModule(gm, sub), len(frontier), saved)
     with graph.inserting_before(first_user):
         call = graph.call_function(memo, tuple(ints))

@@ -13,6 +13,7 @@ mark themselves (kernels/attention.py); this is for the ones it did not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -86,9 +87,10 @@ def _memo_output(node: Any) -> bool:
             and isinstance(node.args[0].target, ShapeMemo))
 
 
-def read_marked_masks(gm: fx.GraphModule) -> int:
-    """Point SDPA nodes whose mask is a memo's output at `CausalWhenMarked` (in place);
-    returns how many. Nodes whose other results are read are left alone."""
+def read_marked_masks(gm: fx.GraphModule, kept: Callable[[Any], bool] = _memo_output) -> int:
+    """Point SDPA nodes whose mask is a kept value (default: a memo's output) at
+    `CausalWhenMarked` (in place); returns how many. Nodes whose other results are read
+    are left alone."""
     count = 0
     for node in gm.graph.nodes:
         if node.op != "call_function" or not any(node.target is op for op in SDPA_OPS):
@@ -96,7 +98,7 @@ def read_marked_masks(gm: fx.GraphModule) -> int:
         a = sdpa_args(node)
         mask = a.get("attn_mask", a.get("attn_bias"))
         results = [u for u in node.users if is_getitem(u)]
-        if not _memo_output(mask) or any(u.users for u in results if u.args[1] != 0):
+        if not kept(mask) or any(u.users for u in results if u.args[1] != 0):
             continue
         val = node.meta.get("val")
         out = fake(node) if isinstance(val, torch.Tensor) else (val[0] if val else None)

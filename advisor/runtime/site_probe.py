@@ -47,9 +47,11 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from advisor.errors import one_line
 from advisor.graph.cse import storage_bases
 from advisor.graph.match import Match
+from advisor.graph.shape_only import shape_only_region, shape_only_value
 from advisor.kernels.registry import all_kernels
 from advisor.profile.merge_probe import MERGE_KERNEL
 from advisor.profile.replay import CaptureFailed, copies_past_l2, device_ms
+from advisor.runtime.causal_sdpa import read_marked_masks
 from advisor.runtime.direct import use_direct_calls
 from advisor.runtime.emit import emit
 from advisor.runtime.rewrite import Generators, extract, random_like, site_signature
@@ -104,14 +106,17 @@ def skip_reason(m: Match, device: torch.device) -> str | None:
     return None
 
 
-def _arg_sets(m: Match, inputs: list[Any], copies: int, seed: int) -> list[list[Any]]:
+def _arg_sets(m: Match, inputs: list[Any], copies: int, seed: int,
+              kept: dict[int, torch.Tensor] | None = None) -> list[list[Any]]:
     """`copies` independent random input sets for the extracted site; a kernel's weight
-    list (operands["weights"]) as adjacent row slices of one (ΣN, K) buffer."""
-    gen = Generators(seed)
+    list (operands["weights"]) as adjacent row slices of one (ΣN, K) buffer; `kept`: inputs
+    the runtime computes once per length (`kept_inputs`), the same tensor in every set."""
+    gen, kept = Generators(seed), kept or {}
     weights = [inputs.index(w) for w in m.operands.get("weights", []) if w in inputs]
     sets = []
     for _ in range(copies):
-        args = [random_like(n, gen, m.operands.get("slots"), m.operands.get("keys")) for n in inputs]
+        args = [kept[i] if i in kept else random_like(n, gen, m.operands.get("slots"), m.operands.get("keys"))
+                for i, n in enumerate(inputs)]
         if len(weights) > 1:
             buffer = torch.cat([args[i] for i in weights])  # (ΣN, K)
             start = 0
@@ -146,10 +151,28 @@ def _set_bytes(args: list[Any]) -> int:
     return sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
 
 
-def time_site(m: Match, device: torch.device | str, seed: int = 0) -> SiteTiming:
-    """Device ms per site of the captured subgraph and of the fused op, cold and (CUDA)
-    warm (module doc); a warm timing that fails leaves the cold one standing."""
-    device = torch.device(device)
+def kept_inputs(inputs: list[fx.Node]) -> list[int]:
+    """Indices of the site's inputs the runtime computes from sizes alone and keeps once
+    per length (graph/shape_only.py: transformers' causal mask). The probe gives them their
+    real values (`shape_only_value`, marked when causal): a random mask in their place
+    would time the masked kernels where the runtime's SDPA and ours read it as `causal=True`."""
+    region = shape_only_region(inputs[0].graph) if inputs else {}
+    return [i for i, n in enumerate(inputs) if n in region and n.op != "get_attr"]
+
+
+def _value(node: fx.Node) -> torch.Tensor | None:
+    """A kept input's real value; None (a random one instead) where it cannot be computed
+    here: the SDPA taking `is_causal` when marked then reads it as a mask, as before."""
+    try:
+        return shape_only_value(node)
+    except Exception:  # noqa: BLE001 - the probe goes on with a random value
+        return None
+
+
+def spellings(m: Match) -> tuple[fx.GraphModule, fx.GraphModule, list[fx.Node], list[int]]:
+    """The site as captured and with the fused op, as the runtime would run them (SDPA
+    reading a kept mask takes `is_causal` where it is marked causal: runtime/causal_sdpa.py);
+    its input nodes and the kept ones (`kept_inputs`)."""
     all_kernels()  # importing the kernel modules registers their custom ops
     # Nodes other sites read too (one mask, every layer) are outputs of both spellings:
     # computed on both sides, so not priced into this site's saving (Match.shared).
@@ -157,10 +180,22 @@ def time_site(m: Match, device: torch.device | str, seed: int = 0) -> SiteTiming
     fused_gm, _, local = extract(m, keep=m.shared)
     emit(fused_gm.graph, local, DEFAULT_CONFIG)
     fused_gm.graph.eliminate_dead_code()
+    kept = kept_inputs(inputs)
+    names = {ref_gm.graph.find_nodes(op="placeholder")[i].name for i in kept}
+    read_marked_masks(ref_gm, lambda n: isinstance(n, fx.Node) and n.op == "placeholder" and n.name in names)
     use_direct_calls(fused_gm)
+    return ref_gm, fused_gm, inputs, kept
+
+
+def time_site(m: Match, device: torch.device | str, seed: int = 0) -> SiteTiming:
+    """Device ms per site of the captured subgraph and of the fused op, cold and (CUDA)
+    warm (module doc); a warm timing that fails leaves the cold one standing."""
+    device = torch.device(device)
+    ref_gm, fused_gm, inputs, kept_at = spellings(m)
     with unset_fake_temporarily(), torch.inference_mode():
-        first = _arg_sets(m, inputs, 1, seed)
-        sets = first + _arg_sets(m, inputs, copies_past_l2(_set_bytes(first[0]), device) - 1, seed + 1)
+        kept = {i: v for i in kept_at if (v := _value(inputs[i])) is not None}
+        first = _arg_sets(m, inputs, 1, seed, kept)
+        sets = first + _arg_sets(m, inputs, copies_past_l2(_set_bytes(first[0]), device) - 1, seed + 1, kept)
 
         warm = [[_span(args[i]) for i in activations(inputs, args)] for args in sets]
 
