@@ -37,10 +37,9 @@ the quantity the prediction names (every site f matches, none taken by a deeper 
 "Unfused" is the runtime's own baseline: the traced graph with the graph-wide passes
 (runtime/rewrite.py: repeated ops merged, the causal mask computed once per length),
 which every plan gets, so they are in neither side of the difference. t(unfused) is timed
-before and after the families, as the plan is above. Limits: the causal-SDPA pass reads
-a kept causal mask as `is_causal` only in SDPA nodes no family took, so an attention
-family alone is measured against flash attention while its site probe's unfused side
-is SDPA reading the mask (an over-prediction to expect); and a plan without CUDA graphs
+before and after the families, as the plan is above (the causal-SDPA pass turns the
+baseline's SDPA on a kept causal mask into flash attention; the site probe reads that
+mask the same way, runtime/site_probe.py). Limit: a plan without CUDA graphs
 has no traced baseline (an empty bucket without graphs runs the original module), so
 its alone rows also carry the traced path's host cost and the passes; every bucket of
 the committed recipes uses graphs.

@@ -25,6 +25,11 @@ timed alone. Graph inputs stay cold: weights, the caller's tensors, a KV cache. 
 the two a forward sees lies between them (the residual stream was written layers of
 traffic ago); both are recorded for the report.
 
+Inputs the runtime computes from sizes alone and keeps once per length (graph/shape_only.py:
+a `transformers` prefill's causal mask) get their real values, marked when causal, and
+the captured spelling's SDPA reads a marked mask as `is_causal` (runtime/causal_sdpa.py),
+as both run in a forward; with a random mask both sides timed masked kernels.
+
 Nodes a site shares with other sites (Match.shared: one causal mask read by every
 layer's attention) are outputs of both spellings, so both compute them and the site's
 saving does not count them once per layer (the candidates do not price them either).
