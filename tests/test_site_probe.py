@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+from torch import fx
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -78,20 +79,34 @@ def test_an_attention_site_reads_the_real_causal_mask_as_the_runtime_does():
     reads it as `causal=True` (SDPA's flash kernel, our causal path). The probe gives the
     site that very mask, marked, and its captured SDPA the same reading; a random mask
     would time both masked kernels instead (session 14: attention priced as a loss)."""
+    from advisor.graph.shape_only import shape_only_value
     from advisor.kernels.masks import is_causal_mask
     from advisor.runtime.causal_sdpa import CausalWhenMarked
 
     mf = load_model_file("examples/llama_hf.py")
     model = build(mf, CPU, torch.float32)
     found = matches_of(capture(model, inputs_for(mf, 8, 1, CPU)))
-    m = next(m for m in found if m.family == "attention")
-    ref, _, inputs, kept = site_probe.spellings(m)
+    sites = [m for m in found if m.family == "attention"]
+    m = sites[0]
+    regions = site_probe.Regions()
+    region = regions.of(m.nodes[0].graph)
+    ref, _, inputs, kept = site_probe.spellings(m, region)
     assert len(kept) == 1
-    mask = site_probe._value(inputs[kept[0]])
+    mask = shape_only_value(inputs[kept[0]], region)
     assert mask.shape[-2:] == (8, 8) and is_causal_mask(mask) and getattr(mask, "_advisor_causal_mask", False)
     assert any(isinstance(n.target, CausalWhenMarked) for n in ref.graph.nodes)
-    t = site_probe.time_site(m, CPU)
+    t = site_probe.time_site(m, CPU, regions=regions)
     assert t.unfused_ms > 0 and t.fused_ms > 0
+    # every layer builds its own copy of one mask: one probe for all of them
+    keys = {site_probe.probe_key(s, regions) for s in sites}
+    assert len(sites) == 2 and len(keys) == 1
+    # a mask the runtime would not keep (past a memo's byte budget) is not marked: masked on both sides
+    import advisor.graph.shape_only as shape_only
+    try:
+        shape_only.MEMO_BYTES, budget = 16, shape_only.MEMO_BYTES
+        assert not getattr(shape_only_value(inputs[kept[0]], region), "_advisor_causal_mask", False)
+    finally:
+        shape_only.MEMO_BYTES = budget
 
 
 def test_time_site_runs_both_spellings_on_the_probe_inputs(matches):
@@ -196,7 +211,7 @@ def test_probe_timings_price_the_candidates(matches):
 
 
 def test_a_failing_site_is_skipped_with_its_error(matches, monkeypatch):
-    def boom(m, device, seed=0):
+    def boom(m, device, seed=0, regions=None):
         raise RuntimeError("kernel failed to compile\nsecond line")
     monkeypatch.setattr(site_probe, "time_site", boom)
     monkeypatch.setattr(site_probe, "skip_reason", lambda m, device: None)
@@ -221,3 +236,23 @@ def test_analyze_probe_switch():
     assert cands["qkv_merge"]["device_saving_ms"] is not None
     assert len(cands["qkv_merge"]["site_savings_ms"]) == cands["qkv_merge"]["count"]
     assert cands["rms_norm"]["device_saving_ms"] is None and "CUDA" in cands["rms_norm"]["probe_note"]
+
+
+def test_masks_built_alike_share_a_key_and_a_window_does_not():
+    """probe_key tells a sliding-window layer's mask from a causal layer's of one shape."""
+    from advisor.graph.shape_only import shape_only_key
+
+    aten = torch.ops.aten
+    g = fx.Graph()
+
+    def node(op, *args, **kwargs):
+        n = g.call_function(op, args, kwargs)
+        n.meta["val"] = torch.zeros(8, 8, dtype=torch.bool)
+        return n
+    pos = [node(aten.arange.default, 8) for _ in range(3)]
+    causal = [node(aten.le.Tensor, p, p) for p in pos[:2]]
+    window = node(aten.gt.Scalar, node(aten.sub.Tensor, pos[2], pos[2]), -4)
+    g.output((*causal, window))
+    region, memo = {n: None for n in g.nodes if n.op == "call_function"}, {}
+    keys = [shape_only_key(n, region, memo) for n in (*causal, window)]
+    assert keys[0] == keys[1] != keys[2]

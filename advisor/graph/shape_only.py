@@ -153,18 +153,48 @@ def _cut(region: dict[fx.Node, None],
     return nodes, ints, sub
 
 
-def shape_only_value(node: fx.Node) -> torch.Tensor | None:
+def shape_only_value(node: fx.Node, region: dict[fx.Node, None] | None = None) -> torch.Tensor | None:
     """The value a shape-only node (module docstring) has at the sizes its graph was traced
-    at, computed now, outside any fake mode (the runtime keeps it once per length); None
-    for any other node. Marked when it is the causal mask, as a kept value is."""
+    at, computed now, outside any fake mode; None for any other node. Marked when it is the
+    causal mask and the runtime would keep it (a memo keeps at most MEMO_BYTES), as a kept
+    value is. `region`: the graph's `shape_only_region`, when the caller has it."""
     graph = node.graph
-    region = shape_only_region(graph)
+    region = shape_only_region(graph) if region is None else region
     if node not in region or node.op == "get_attr":
         return None
     _, ints, sub = _cut(region, [node])
-    (value,) = fx.GraphModule(graph.owning_module, sub)(*(hint(a.meta["val"]) for a in ints))
-    mark_if_causal(value)
+    (value,) = fx.GraphModule(graph.owning_module, sub)(*(_concrete(a.meta["val"]) for a in ints))
+    if value.untyped_storage().nbytes() <= MEMO_BYTES:
+        mark_if_causal(value)
     return value
+
+
+def shape_only_key(node: fx.Node, region: dict[fx.Node, None], memo: dict[fx.Node, Any]) -> Any:
+    """What a shape-only node computes, as a hashable structure (op, then its arguments'
+    keys; anything outside the region by name): two nodes built alike (a decoder's per-layer
+    copies of one causal mask) share a key, a mask built differently (a sliding window)
+    does not. `memo` caches the keys of a graph's nodes."""
+    if node in memo:
+        return memo[node]
+    if node not in region or node.op == "get_attr":
+        key: Any = ("input", node.name)
+    else:
+        def of(v: Any) -> Any:
+            if isinstance(v, fx.Node):
+                return shape_only_key(v, region, memo)
+            if isinstance(v, (list, tuple)):
+                return tuple(of(x) for x in v)
+            return repr(v)
+        key = (str(node.target), of(node.args), tuple(sorted((k, of(v)) for k, v in node.kwargs.items())))
+    memo[node] = key
+    return key
+
+
+def _concrete(v: Any) -> Any:
+    """A symbolic scalar's example value (an int stays an int, a float a float)."""
+    if isinstance(v, torch.SymInt):
+        return hint(v)
+    return v.node.hint if isinstance(v, (torch.SymFloat, torch.SymBool)) else v
 
 
 def getattr_path(graph: fx.Graph, target: str) -> Any:

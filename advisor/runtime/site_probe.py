@@ -42,7 +42,7 @@ interpreter), and a site whose emit or kernel fails.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -52,7 +52,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from advisor.errors import one_line
 from advisor.graph.cse import storage_bases
 from advisor.graph.match import Match
-from advisor.graph.shape_only import shape_only_region, shape_only_value
+from advisor.graph.shape_only import shape_only_key, shape_only_region, shape_only_value
 from advisor.kernels.registry import all_kernels
 from advisor.profile.merge_probe import MERGE_KERNEL
 from advisor.profile.replay import CaptureFailed, copies_past_l2, device_ms
@@ -82,22 +82,50 @@ class SiteTiming:
         return self.warm_unfused_ms - self.warm_fused_ms
 
 
+class Regions:
+    """Per graph, its shape-only region (graph/shape_only.py) and its nodes' structural
+    keys, each computed once."""
+
+    def __init__(self) -> None:
+        self.regions: dict[fx.Graph, dict[fx.Node, None]] = {}
+        self.keys: dict[fx.Graph, dict[fx.Node, Any]] = {}
+
+    def of(self, graph: fx.Graph) -> dict[fx.Node, None]:
+        if graph not in self.regions:
+            self.regions[graph] = shape_only_region(graph)
+        return self.regions[graph]
+
+    def key(self, node: fx.Node) -> Any:
+        return shape_only_key(node, self.of(node.graph), self.keys.setdefault(node.graph, {}))
+
+
+def probe_key(m: Match, regions: Regions) -> tuple:
+    """Sites timed alike: the site signature, and how the kept inputs it reads are built (a
+    model whose layers alternate a causal and a sliding-window mask of one shape has two
+    kinds of site; a decoder's per-layer copies of one mask, one)."""
+    inputs = m.external_inputs()
+    region = regions.of(inputs[0].graph) if inputs else {}
+    kept = tuple(regions.key(inputs[i]) for i in kept_inputs(inputs, region))
+    return (*site_signature(m, DEFAULT_CONFIG), kept)
+
+
 @dataclass(frozen=True)
 class SiteProbe:
-    timings: dict[tuple, SiteTiming]   # site_signature -> timing
-    skipped: dict[tuple, str]          # site_signature -> why it was not timed
+    timings: dict[tuple, SiteTiming]   # probe_key -> timing
+    skipped: dict[tuple, str]          # probe_key -> why it was not timed
+    regions: Regions = field(default_factory=Regions, repr=False)  # for the keys
 
     def saving_ms(self, m: Match) -> float | None:
-        t = self.timings.get(site_signature(m, DEFAULT_CONFIG))
+        t = self.timings.get(probe_key(m, self.regions))
         return None if t is None else t.saving_ms
 
     def warm_saving_ms(self, m: Match) -> float | None:
-        t = self.timings.get(site_signature(m, DEFAULT_CONFIG))
+        t = self.timings.get(probe_key(m, self.regions))
         return None if t is None else t.warm_saving_ms
 
     def reason(self, m: Match) -> str:
         """Why `m` has no timing ("" when it has one; "not probed" when never seen)."""
-        key = site_signature(m, DEFAULT_CONFIG)
+        key = probe_key(m, self.regions)
         return "" if key in self.timings else self.skipped.get(key, "not probed")
 
 
@@ -156,25 +184,17 @@ def _set_bytes(args: list[Any]) -> int:
     return sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
 
 
-def kept_inputs(inputs: list[fx.Node]) -> list[int]:
+def kept_inputs(inputs: list[fx.Node], region: dict[fx.Node, None]) -> list[int]:
     """Indices of the site's inputs the runtime computes from sizes alone and keeps once
-    per length (graph/shape_only.py: transformers' causal mask). The probe gives them their
-    real values (`shape_only_value`, marked when causal): a random mask in their place
-    would time the masked kernels where the runtime's SDPA and ours read it as `causal=True`."""
-    region = shape_only_region(inputs[0].graph) if inputs else {}
+    per length (`region`: the graph's shape-only region, graph/shape_only.py: transformers'
+    causal mask). The probe gives them their real values (`shape_only_value`, marked when
+    causal and kept): a random mask in their place would time the masked kernels where the
+    runtime's SDPA and ours read it as `causal=True`."""
     return [i for i, n in enumerate(inputs) if n in region and n.op != "get_attr"]
 
 
-def _value(node: fx.Node) -> torch.Tensor | None:
-    """A kept input's real value; None (a random one instead) where it cannot be computed
-    here: the SDPA taking `is_causal` when marked then reads it as a mask, as before."""
-    try:
-        return shape_only_value(node)
-    except Exception:  # noqa: BLE001 - the probe goes on with a random value
-        return None
-
-
-def spellings(m: Match) -> tuple[fx.GraphModule, fx.GraphModule, list[fx.Node], list[int]]:
+def spellings(m: Match, region: dict[fx.Node, None]) -> tuple[fx.GraphModule, fx.GraphModule,
+                                                              list[fx.Node], list[int]]:
     """The site as captured and with the fused op, as the runtime would run them (SDPA
     reading a kept mask takes `is_causal` where it is marked causal: runtime/causal_sdpa.py);
     its input nodes and the kept ones (`kept_inputs`)."""
@@ -185,24 +205,31 @@ def spellings(m: Match) -> tuple[fx.GraphModule, fx.GraphModule, list[fx.Node], 
     fused_gm, _, local = extract(m, keep=m.shared)
     emit(fused_gm.graph, local, DEFAULT_CONFIG)
     fused_gm.graph.eliminate_dead_code()
-    kept = kept_inputs(inputs)
+    kept = kept_inputs(inputs, region)
     names = {ref_gm.graph.find_nodes(op="placeholder")[i].name for i in kept}
     read_marked_masks(ref_gm, lambda n: isinstance(n, fx.Node) and n.op == "placeholder" and n.name in names)
     use_direct_calls(fused_gm)
     return ref_gm, fused_gm, inputs, kept
 
 
-def time_site(m: Match, device: torch.device | str, seed: int = 0) -> SiteTiming:
+def time_site(m: Match, device: torch.device | str, seed: int = 0,
+              regions: Regions | None = None) -> SiteTiming:
     """Device ms per site of the captured subgraph and of the fused op, cold and (CUDA)
-    warm (module doc); a warm timing that fails leaves the cold one standing."""
+    warm (module doc); a warm timing that fails leaves the cold one standing. A kept
+    input whose value cannot be computed fails the site (no random mask in its place)."""
     device = torch.device(device)
-    ref_gm, fused_gm, inputs, kept_at = spellings(m)
+    inputs = m.external_inputs()
+    region = (regions or Regions()).of(inputs[0].graph) if inputs else {}
+    ref_gm, fused_gm, inputs, kept_at = spellings(m, region)
     with unset_fake_temporarily(), torch.inference_mode():
-        kept = {i: v for i in kept_at if (v := _value(inputs[i])) is not None}
+        kept = {i: shape_only_value(inputs[i], region) for i in kept_at}
         first = _arg_sets(m, inputs, 1, seed, kept)
-        sets = first + _arg_sets(m, inputs, copies_past_l2(_set_bytes(first[0]), device) - 1, seed + 1, kept)
+        # one kept tensor serves every copy: it neither counts toward the copies past the
+        # L2 nor is warmed (a causal reader skips it; it is kept across forwards)
+        own = [a for i, a in enumerate(first[0]) if i not in kept]
+        sets = first + _arg_sets(m, inputs, copies_past_l2(_set_bytes(own), device) - 1, seed + 1, kept)
 
-        warm = [[_span(args[i]) for i in activations(inputs, args)] for args in sets]
+        warm = [[_span(args[i]) for i in activations(inputs, args) if i not in kept] for args in sets]
 
         def over(gm: torch.fx.GraphModule | None, touch: bool = False):
             def run() -> None:
@@ -231,9 +258,10 @@ def probe_sites(matches: Iterable[Match], device: torch.device | str) -> SitePro
     device = torch.device(device)
     timings: dict[tuple, SiteTiming] = {}
     skipped: dict[tuple, str] = {}
+    regions = Regions()
     stopped = ""
     for m in matches:
-        key = site_signature(m, DEFAULT_CONFIG)
+        key = probe_key(m, regions)
         if key in timings or key in skipped:
             continue
         reason = f"probing stopped after a failed capture: {stopped}" if stopped else skip_reason(m, device)
@@ -241,9 +269,9 @@ def probe_sites(matches: Iterable[Match], device: torch.device | str) -> SitePro
             skipped[key] = reason
             continue
         try:
-            timings[key] = time_site(m, device)
+            timings[key] = time_site(m, device, regions=regions)
         except CaptureFailed as exc:  # later captures may fail for this one's sake
             stopped = skipped[key] = f"CaptureFailed: {exc}"[:200]
         except Exception as exc:  # emit refused, a kernel failed to compile or to capture
             skipped[key] = one_line(exc)[:200]
-    return SiteProbe(timings, skipped)
+    return SiteProbe(timings, skipped, regions)
