@@ -15,6 +15,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from advisor.graph.candidates import Costs, candidates, matches_of  # noqa: E402
 from advisor.graph.capture import capture  # noqa: E402
+from advisor.graph.cse import storage_bases  # noqa: E402
 from advisor.kernels.merged_linear import adjacent_view  # noqa: E402
 from advisor.loader import build, inputs_for, load_model_file  # noqa: E402
 from advisor.runtime import site_probe  # noqa: E402
@@ -68,7 +69,7 @@ def test_shared_nodes_are_computed_on_both_sides():
     site = next(m for m in found if m.family.startswith("attention") and m.kernel is not None)
     _, inputs, _ = extract(site)
     (args,) = site_probe._arg_sets(site, inputs, 1, seed=0)
-    warm = {inputs[i] for i in site_probe.activations(inputs, args)}
+    warm = {inputs[i] for i in site_probe.activations(inputs, args, storage_bases(inputs[0].graph))}
     big = [n for n in inputs if n.meta.get("val") is not None and n.meta["val"].dim() == 4
            and n.meta["val"].shape[2] >= 12]  # (b, kv heads, cache slots, d): the cache
     assert big and not warm & set(big)
@@ -88,17 +89,17 @@ def test_an_attention_site_reads_the_real_causal_mask_as_the_runtime_does():
     found = matches_of(capture(model, inputs_for(mf, 8, 1, CPU)))
     sites = [m for m in found if m.family == "attention"]
     m = sites[0]
-    regions = site_probe.Regions()
-    region = regions.of(m.nodes[0].graph)
+    facts = site_probe.GraphFacts()
+    region = facts.region(m.nodes[0].graph)
     ref, _, inputs, kept = site_probe.spellings(m, region)
     assert len(kept) == 1
     mask = shape_only_value(inputs[kept[0]], region)
     assert mask.shape[-2:] == (8, 8) and is_causal_mask(mask) and getattr(mask, "_advisor_causal_mask", False)
     assert any(isinstance(n.target, CausalWhenMarked) for n in ref.graph.nodes)
-    t = site_probe.time_site(m, CPU, regions=regions)
+    t = site_probe.time_site(m, CPU, facts=facts)
     assert t.unfused_ms > 0 and t.fused_ms > 0
     # every layer builds its own copy of one mask: one probe for all of them
-    keys = {site_probe.probe_key(s, regions) for s in sites}
+    keys = {site_probe.probe_key(s, facts) for s in sites}
     assert len(sites) == 2 and len(keys) == 1
     # a mask the runtime would not keep (past a memo's byte budget) is not marked: masked on both sides
     import advisor.graph.shape_only as shape_only
@@ -128,7 +129,7 @@ def test_the_warm_probe_reads_what_the_forward_computed_and_leaves_graph_inputs_
              and m.kernel != "merged_linear")  # norm -> q/k/v: x (+ residual), norm weight, 3 weights
     _, inputs, _ = extract(m)
     (args,) = site_probe._arg_sets(m, inputs, 1, seed=0)
-    warm = [inputs[i] for i in site_probe.activations(inputs, args)]
+    warm = [inputs[i] for i in site_probe.activations(inputs, args, storage_bases(inputs[0].graph))]
     assert warm and all(n.op != "placeholder" for n in warm)
     assert not any(w in warm for w in m.operands["weights"])  # parameters: graph inputs
     # a broadcast view is read once, over the memory it spans
@@ -150,7 +151,7 @@ def test_warm_timings_subtract_the_touch_and_a_failing_one_keeps_the_cold(matche
     cuda = torch.device("cuda")
     monkeypatch.setattr(site_probe, "_arg_sets", lambda m, inputs, n, seed, kept: [[
         torch.ones(1) if i == 0 else torch.zeros(1) for i in range(len(inputs))] for _ in range(n)])
-    monkeypatch.setattr(site_probe, "activations", lambda inputs, args: [0])
+    monkeypatch.setattr(site_probe, "activations", lambda inputs, args, bases: [0])
     t = site_probe.time_site(m, cuda)
     assert (t.unfused_ms, t.fused_ms) == (5.0, 2.0)
     assert (t.warm_unfused_ms, t.warm_fused_ms) == (4.5, 1.25) and t.warm_saving_ms == 3.25
@@ -211,7 +212,7 @@ def test_probe_timings_price_the_candidates(matches):
 
 
 def test_a_failing_site_is_skipped_with_its_error(matches, monkeypatch):
-    def boom(m, device, seed=0, regions=None):
+    def boom(m, device, seed=0, facts=None):
         raise RuntimeError("kernel failed to compile\nsecond line")
     monkeypatch.setattr(site_probe, "time_site", boom)
     monkeypatch.setattr(site_probe, "skip_reason", lambda m, device: None)

@@ -82,30 +82,37 @@ class SiteTiming:
         return self.warm_unfused_ms - self.warm_fused_ms
 
 
-class Regions:
-    """Per graph, its shape-only region (graph/shape_only.py) and its nodes' structural
-    keys, each computed once."""
+class GraphFacts:
+    """What the probe asks of a captured graph, each computed once per graph: its
+    shape-only region (graph/shape_only.py), its nodes' structural keys in it, and each
+    node's storage base (graph/cse.py)."""
 
     def __init__(self) -> None:
-        self.regions: dict[fx.Graph, dict[fx.Node, None]] = {}
-        self.keys: dict[fx.Graph, dict[fx.Node, Any]] = {}
+        self._regions: dict[fx.Graph, dict[fx.Node, None]] = {}
+        self._keys: dict[fx.Graph, dict[fx.Node, Any]] = {}
+        self._bases: dict[fx.Graph, dict[fx.Node, fx.Node]] = {}
 
-    def of(self, graph: fx.Graph) -> dict[fx.Node, None]:
-        if graph not in self.regions:
-            self.regions[graph] = shape_only_region(graph)
-        return self.regions[graph]
+    def region(self, graph: fx.Graph) -> dict[fx.Node, None]:
+        if graph not in self._regions:
+            self._regions[graph] = shape_only_region(graph)
+        return self._regions[graph]
 
     def key(self, node: fx.Node) -> Any:
-        return shape_only_key(node, self.of(node.graph), self.keys.setdefault(node.graph, {}))
+        return shape_only_key(node, self.region(node.graph), self._keys.setdefault(node.graph, {}))
+
+    def bases(self, graph: fx.Graph) -> dict[fx.Node, fx.Node]:
+        if graph not in self._bases:
+            self._bases[graph] = storage_bases(graph)
+        return self._bases[graph]
 
 
-def probe_key(m: Match, regions: Regions) -> tuple:
+def probe_key(m: Match, facts: GraphFacts) -> tuple:
     """Sites timed alike: the site signature, and how the kept inputs it reads are built (a
     model whose layers alternate a causal and a sliding-window mask of one shape has two
     kinds of site; a decoder's per-layer copies of one mask, one)."""
     inputs = m.external_inputs()
-    region = regions.of(inputs[0].graph) if inputs else {}
-    kept = tuple(regions.key(inputs[i]) for i in kept_inputs(inputs, region))
+    region = facts.region(inputs[0].graph) if inputs else {}
+    kept = tuple(facts.key(inputs[i]) for i in kept_inputs(inputs, region))
     return (*site_signature(m, DEFAULT_CONFIG), kept)
 
 
@@ -113,19 +120,19 @@ def probe_key(m: Match, regions: Regions) -> tuple:
 class SiteProbe:
     timings: dict[tuple, SiteTiming]   # probe_key -> timing
     skipped: dict[tuple, str]          # probe_key -> why it was not timed
-    regions: Regions = field(default_factory=Regions, repr=False)  # for the keys
+    facts: GraphFacts = field(default_factory=GraphFacts, repr=False)  # for the keys
 
     def saving_ms(self, m: Match) -> float | None:
-        t = self.timings.get(probe_key(m, self.regions))
+        t = self.timings.get(probe_key(m, self.facts))
         return None if t is None else t.saving_ms
 
     def warm_saving_ms(self, m: Match) -> float | None:
-        t = self.timings.get(probe_key(m, self.regions))
+        t = self.timings.get(probe_key(m, self.facts))
         return None if t is None else t.warm_saving_ms
 
     def reason(self, m: Match) -> str:
         """Why `m` has no timing ("" when it has one; "not probed" when never seen)."""
-        key = probe_key(m, self.regions)
+        key = probe_key(m, self.facts)
         return "" if key in self.timings else self.skipped.get(key, "not probed")
 
 
@@ -161,16 +168,13 @@ def _arg_sets(m: Match, inputs: list[Any], copies: int, seed: int,
     return sets
 
 
-def activations(inputs: list[fx.Node], args: list[Any]) -> list[int]:
+def activations(inputs: list[fx.Node], args: list[Any], bases: dict[fx.Node, fx.Node]) -> list[int]:
     """Indices of the site's floating-point inputs computed in the forward itself: what the
     warm probe reads into L2 before the site. An input whose storage is a graph input's
     (weights, the caller's tensors, a KV cache even after an in-place write or through a
-    view: graph/cse.py `storage_bases`) stays cold. Values the runtime computes once per
-    length (graph/shape_only.py: a causal mask, prefill cos/sin) count as computed; they
-    are small."""
-    base = storage_bases(inputs[0].graph) if inputs else {}
+    view: `bases`, graph/cse.py `storage_bases`) stays cold."""
     return [i for i, (n, a) in enumerate(zip(inputs, args))
-            if base.get(n, n).op != "placeholder" and isinstance(a, torch.Tensor) and a.is_floating_point()]
+            if bases.get(n, n).op != "placeholder" and isinstance(a, torch.Tensor) and a.is_floating_point()]
 
 
 def _span(t: torch.Tensor) -> torch.Tensor:
@@ -213,13 +217,14 @@ def spellings(m: Match, region: dict[fx.Node, None]) -> tuple[fx.GraphModule, fx
 
 
 def time_site(m: Match, device: torch.device | str, seed: int = 0,
-              regions: Regions | None = None) -> SiteTiming:
+              facts: GraphFacts | None = None) -> SiteTiming:
     """Device ms per site of the captured subgraph and of the fused op, cold and (CUDA)
     warm (module doc); a warm timing that fails leaves the cold one standing. A kept
     input whose value cannot be computed fails the site (no random mask in its place)."""
     device = torch.device(device)
-    inputs = m.external_inputs()
-    region = (regions or Regions()).of(inputs[0].graph) if inputs else {}
+    facts = facts or GraphFacts()
+    graph = m.nodes[0].graph
+    region = facts.region(graph)
     ref_gm, fused_gm, inputs, kept_at = spellings(m, region)
     with unset_fake_temporarily(), torch.inference_mode():
         kept = {i: shape_only_value(inputs[i], region) for i in kept_at}
@@ -229,7 +234,8 @@ def time_site(m: Match, device: torch.device | str, seed: int = 0,
         own = [a for i, a in enumerate(first[0]) if i not in kept]
         sets = first + _arg_sets(m, inputs, copies_past_l2(_set_bytes(own), device) - 1, seed + 1, kept)
 
-        warm = [[_span(args[i]) for i in activations(inputs, args) if i not in kept] for args in sets]
+        warm = [[_span(args[i]) for i in activations(inputs, args, facts.bases(graph)) if i not in kept]
+                for args in sets]
 
         def over(gm: torch.fx.GraphModule | None, touch: bool = False):
             def run() -> None:
@@ -258,10 +264,10 @@ def probe_sites(matches: Iterable[Match], device: torch.device | str) -> SitePro
     device = torch.device(device)
     timings: dict[tuple, SiteTiming] = {}
     skipped: dict[tuple, str] = {}
-    regions = Regions()
+    facts = GraphFacts()
     stopped = ""
     for m in matches:
-        key = probe_key(m, regions)
+        key = probe_key(m, facts)
         if key in timings or key in skipped:
             continue
         reason = f"probing stopped after a failed capture: {stopped}" if stopped else skip_reason(m, device)
@@ -269,9 +275,9 @@ def probe_sites(matches: Iterable[Match], device: torch.device | str) -> SitePro
             skipped[key] = reason
             continue
         try:
-            timings[key] = time_site(m, device, regions=regions)
+            timings[key] = time_site(m, device, facts=facts)
         except CaptureFailed as exc:  # later captures may fail for this one's sake
             stopped = skipped[key] = f"CaptureFailed: {exc}"[:200]
         except Exception as exc:  # emit refused, a kernel failed to compile or to capture
             skipped[key] = one_line(exc)[:200]
-    return SiteProbe(timings, skipped, regions)
+    return SiteProbe(timings, skipped, facts)
