@@ -11,7 +11,8 @@
 #   ablate  each family of RECIPE toggled at 1/512, for predicted-vs-measured savings
 #   predict issue 7's predicted-vs-measured: analyze at PREDICT_SHAPES (default 1,512), then
 #           each family of RECIPE timed alone on the unfused model there (bench --alone), and
-#           the predicted-vs-measured table (advisor report)
+#           the predicted-vs-measured table (advisor report); PREDICT_ABLATE=1 adds the
+#           leave-one-out in the same bench (~190 s more at 1/512: raise ALONE_S)
 #   all     one ~580 s command: analyze 1/512, bench RECIPE at 1/128/512/2048, the rope_table
 #           plan at 1 token, ablate 1/512, four memory-bound kernels at 2048/8192
 #   coldstart  benchmarks/cold_start.py in fresh processes at 1 token, cold then warm caches:
@@ -69,7 +70,7 @@ predict)
     --json "$OUT/analysis.json" > "$OUT/analyze.log" 2>&1
   echo "analyze rc=$?" >> "$OUT/analyze.log"; tail -2 "$OUT/analyze.log"
   timeout ${ALONE_S:-330} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes ${PREDICT_SHAPES:-1,512} \
-    --compile none --alone --json "$OUT/alone.json" > "$OUT/alone.log" 2>&1
+    --compile none --alone ${PREDICT_ABLATE:+--ablate} --json "$OUT/alone.json" > "$OUT/alone.log" 2>&1
   echo "alone rc=$?" >> "$OUT/alone.log"; tail -3 "$OUT/alone.log"
   python3 -m advisor.cli report --analysis "$OUT/analysis.json" --bench "$OUT/alone.json" \
     --out "$OUT/predict.html" 2>&1 | tail -32 ;;
