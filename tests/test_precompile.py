@@ -23,7 +23,7 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from advisor.errors import RecipeError
-from advisor.runtime import precompile
+from advisor.runtime import kernel_spec, precompile
 from advisor.runtime.plan import Plan
 from advisor.runtime.recipe import Bucket, Recipe, recipe_from_json
 
@@ -147,7 +147,7 @@ def _spec(**change) -> dict:
 
 
 def test_check_spec_keeps_only_launch_options():
-    parts = precompile.check_spec(_spec())
+    parts = kernel_spec.check_spec(_spec())
     assert parts["options"] == {"num_warps": 2, "num_stages": 3}  # no files, no ptxas flags
     assert parts["signature"]["n"] == "i32"
 
@@ -169,8 +169,8 @@ def test_check_spec_keeps_only_launch_options():
     ({"name": 3}, "kernel name"),
 ])
 def test_check_spec_refuses(change, what):
-    with pytest.raises(precompile.SpecError, match=what):
-        precompile.check_spec(_spec(**change))
+    with pytest.raises(kernel_spec.SpecError, match=what):
+        kernel_spec.check_spec(_spec(**change))
 
 
 @pytest.mark.parametrize("bad", [json.dumps(_spec(signature={"x": "tensordesc<fp32[16],print(1)>"})),

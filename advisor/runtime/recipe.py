@@ -21,7 +21,7 @@ Schema (schema_version 1)::
 Triton's serialised specialisation (a JSON text), so `apply` can compile them in other
 processes while the first call traces (runtime/precompile.py). Kernels are named, never
 imported (a name outside advisor's kernel modules is skipped), and each specialisation
-must fit `precompile.check_spec`'s grammar (plain types, scalar constants, launch options);
+must fit `kernel_spec.check_spec`'s grammar (plain types, scalar constants, launch options);
 one that does not is left out with a warning (the plans stand).
 
 A hand-written plan file is also accepted: {"schema_version": 1, "kind": "advisor.plan",
@@ -42,8 +42,8 @@ from typing import Any
 
 from advisor.errors import RecipeError
 from advisor.kernels.space import decode
+from advisor.runtime.kernel_spec import SpecError, check_spec
 from advisor.runtime.plan import FAMILIES, PLAN_FLAGS, Plan
-from advisor.runtime.precompile import SpecError, check_spec
 
 SCHEMA_VERSION = 1
 EVERY_LENGTH = 2**31 - 1  # the bound of a plan file's one bucket: no length past it
