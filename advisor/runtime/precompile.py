@@ -18,9 +18,10 @@ Data only, as the recipe is: a kernel is named by its function's full name and r
 among the JIT functions of advisor's own kernel modules; nothing is imported. Triton would
 read a specialisation's types and options as given (it evaluates part of a `tensordesc`
 type's text, and options name files and ptxas flags), so each one is checked against a
-small grammar (kernel_spec.py `check_spec`, also when the recipe is loaded) and rebuilt from its checked
-parts: argument names must be the kernel's, types plain, constants scalars, options only
-those a launch sets, with the rest filled in here as a launch fills them. A
+small grammar (runtime/kernel_spec.py `check_spec`, also when the recipe is loaded) and
+rebuilt from its checked parts: argument names must be the kernel's, types plain,
+constants scalars, options only those a launch sets, with the rest filled in here as a
+launch fills them. A
 specialisation that fails to check, resolve or compile costs only its worker's time: the
 parent compiles it as before. The workers never touch CUDA (forked after CUDA may be
 initialised): the device and target they compile for are the parent's, taken before the
