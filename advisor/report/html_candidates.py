@@ -29,8 +29,8 @@ from advisor.report.accuracy import (
     accuracy,
     alone_at,
     alone_prediction,
-    graph_priced,
     leave_one_out_prediction,
+    price,
     small_kernel_us,
 )
 from advisor.report.attribution import (
@@ -177,7 +177,7 @@ def _ablation_cells(row: dict, cands: dict[str, dict], ceilings: dict | None, gr
         return _error_cells(0.0, 0.0, f"it held no site of the plan at {row.get('shape')} tokens: "
                             "without it the rewrite builds the same graph (not timed, saving 0; "
                             f"the analysis predicted {_f(eager)} ms with its sites)")
-    own = graph_priced(c, ceilings, kernel_us) if graphs else eager
+    own = price(c, ceilings, kernel_us, graphs)
     if graphs and own is not None:
         timed = _num(c.get("device_saving_ms")) is not None
         per = ("the site timed fused and unfused at analysis" if timed
