@@ -3,10 +3,13 @@
 as a bmm with K = 1, then a transpose). The fused op replaces every node from the product
 to the casts, and the model's output is eager's."""
 
+import operator
+
 import pytest
 import torch
 
 from advisor.graph.capture import aten_backend
+from advisor.graph.shape_only import ShapeMemo
 from advisor.runtime.apply import apply
 from advisor.runtime.plan import Plan
 from advisor.runtime.rewrite import rewrite
@@ -36,7 +39,7 @@ class _Rotary(torch.nn.Module):
         return x * cos.to(x.dtype) + x.flip(-1) * sin.to(x.dtype)
 
 
-def _run(model, x, pos):
+def _run(model, x, pos):  # pos None: the model takes x alone
     seen = []
 
     def fuse(gm, params, example):  # what apply's backend does, recording the result
@@ -46,7 +49,8 @@ def _run(model, x, pos):
 
     torch._dynamo.reset()
     with torch.no_grad():
-        got = torch.compile(model, backend=aten_backend(model, fuse), dynamic=False)(x, pos)
+        args = (x,) if pos is None else (x, pos)
+        got = torch.compile(model, backend=aten_backend(model, fuse), dynamic=False)(*args)
     torch._dynamo.reset()
     return got, seen[0], seen[1]
 
@@ -86,3 +90,25 @@ def test_every_transformers_family_fuses_its_tables(family):
     row = {r["family"]: r for r in fast.summary()}["rope_table"]
     assert row["applied"] == 1 and not row["unfused"], row
     torch.testing.assert_close(got, want)
+
+
+def test_table_from_sizes_alone_is_computed_once_fused_or_not():
+    """Positions from `arange` (no caller input): the whole table is derived from sizes, so
+    the runtime computes it once per length. Fused (rope_table, a custom op returning a
+    (cos, sin) tuple) it must be kept too, or the fusion would add launches the unfused
+    graph no longer has."""
+    class FromSizes(torch.nn.Module):  # a hand-written spelling: inv_freq built in forward
+        def forward(self, x):
+            d = x.shape[-1]
+            inv_freq = 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d)
+            freqs = torch.arange(x.shape[1])[None, :, None].float() * inv_freq
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return x * emb.cos() + x.flip(-1) * emb.sin()
+    model = FromSizes()
+    x = torch.randn(2, 3, 12)
+    got, report, targets = _run(model, x, None)
+    assert [s.family for s in report.sites if s.applied] == ["rope_table"], report.sites
+    # left each call: the memo (no launch on a hit), its items, and the four data ops
+    data_ops = {aten.mul.Tensor, aten.flip.default, aten.add.Tensor, operator.getitem}
+    assert isinstance(targets[0], ShapeMemo) and set(targets[1:]) <= data_ops, targets
+    torch.testing.assert_close(got, model(x))

@@ -118,13 +118,23 @@ def shape_only_region(graph: fx.Graph) -> dict[fx.Node, None]:
             if isinstance(getattr_path(graph, node.target), torch.Tensor):
                 region[node] = None
             continue
-        if not (_is_overload(node) and _is_pure(node)) or node.target in _UNINITIALISED:
-            continue
-        if not isinstance(node.meta.get("val"), torch.Tensor):
+        if not _is_pure(node) or node.target in _UNINITIALISED or not _tensor_valued(node):
             continue
         if all(a in region or _is_int_like(a) for a in node.all_input_nodes):
             region[node] = None
     return region
+
+
+def _tensor_valued(node: fx.Node) -> bool:
+    """A tensor, or a tuple of tensors read only by `getitem` (a fused op returning
+    (cos, sin), `aten.max.dim`): the tuple's items are then region nodes of their own, so
+    a fused site derived from sizes alone is kept as its unfused ops are."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return True
+    return (isinstance(val, (tuple, list)) and bool(val)
+            and all(isinstance(v, torch.Tensor) for v in val)
+            and all(u.op == "call_function" and u.target is operator.getitem for u in node.users))
 
 
 def _cut(region: dict[fx.Node, None],
@@ -209,7 +219,7 @@ def memoize_shape_only(gm: fx.GraphModule) -> int:
     launches it takes off every call after the first (0: nothing changed)."""
     graph = gm.graph
     region = shape_only_region(graph)
-    frontier = [n for n in region if n.op != "get_attr"
+    frontier = [n for n in region if n.op != "get_attr" and isinstance(n.meta.get("val"), torch.Tensor)
                 and any(u not in region for u in n.users)]
     if not frontier:
         return 0
