@@ -43,6 +43,31 @@ def test_transformers_families(family, expect):
         assert fams.get(fam) == count, (fam, fams)
 
 
+class _RotaryFromSizes(torch.nn.Module):
+    """RoPE whose table is built in forward from sizes alone (no positions input): the
+    runtime computes the table once per length (graph/shape_only.py), fused or not."""
+
+    def forward(self, x):  # x (B, T, D)
+        d = x.shape[-1]
+        inv_freq = 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d)
+        freqs = torch.arange(x.shape[1])[None, :, None].float() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return x * emb.cos() + x.flip(-1) * emb.sin()
+
+
+def test_sites_computed_once_per_length_are_not_candidates():
+    model = _RotaryFromSizes()
+    assert "rope_table" not in _families(model, (torch.randn(2, 5, 12),))
+
+    class FromPositions(torch.nn.Module):  # the same table from a caller's positions
+        def forward(self, x, pos):
+            d = x.shape[-1]
+            inv_freq = 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d)
+            emb = torch.cat([pos[:, :, None].float() * inv_freq] * 2, dim=-1)
+            return x * emb.cos() + x.flip(-1) * emb.sin()
+    assert _families(FromPositions(), (torch.randn(2, 5, 12), torch.arange(5)[None].expand(2, 5)))["rope_table"] == 1
+
+
 def test_candidates_are_priced_and_ranked():
     mf = load_model_file("examples/tiny_llama.py")
     model = build(mf, torch.device("cpu"), torch.float32)

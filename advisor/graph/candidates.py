@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from advisor.graph.capture import Captured
 from advisor.graph.match import Match
 from advisor.graph.patterns import find_all
+from advisor.graph.shape_only import shape_only_region
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,19 @@ class Costs:
 
 
 def matches_of(captured: Captured) -> list[Match]:
-    return [m for part in captured.parts for m in find_all(part.gm, part.params)]
+    """Every site of the captured graphs, less those the runtime computes once per length
+    whether fused or not (all their own nodes derived from sizes alone, graph/shape_only.py:
+    a RoPE table built from `arange` in forward): no forward after the first runs them."""
+    out = []
+    for part in captured.parts:
+        region = shape_only_region(part.gm.graph)
+        out += [m for m in find_all(part.gm, part.params) if not _computed_once(m, region)]
+    return out
+
+
+def _computed_once(m: Match, region: dict) -> bool:
+    own = [n for n in m.nodes if n not in m.shared and n.op == "call_function"]
+    return bool(own) and all(n in region for n in own)
 
 
 def price(launches_removed: int, bytes_avoided: int, costs: Costs) -> float:
