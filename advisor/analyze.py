@@ -87,7 +87,9 @@ def find_candidates(model: torch.nn.Module, inputs: Any, ceilings: Ceilings,
         return sites.reason(m)
     def warm(m: Any) -> float | None:
         return None if m.kernel == MERGE_KERNEL else sites.warm_saving_ms(m)
-    return tuple(candidates(matches, costs_from(ceilings), measured, unmeasured, warm))
+    def sliced(m: Any) -> Any:
+        return None if m.kernel == MERGE_KERNEL else sites.sliced(m)
+    return tuple(candidates(matches, costs_from(ceilings), measured, unmeasured, warm, sliced))
 
 
 def analyze_shape(mf: ModelFile, model: torch.nn.Module, seq_len: int, batch: int,

@@ -30,6 +30,19 @@ from advisor.graph.shape_only import shape_only_region
 
 
 @dataclass(frozen=True)
+class Sliced:
+    """A site whose inputs a merge turns into column blocks (runtime/column_blocks.py), for the report:
+    its saving reading them so, what its unfused spelling pays for it (sliced − contiguous
+    unfused ms), the families producing the blocks and the merged results it reads (one
+    name per merge: a reader of q and k names its layer's QKV merge once)."""
+
+    saving_ms: float
+    unfused_penalty_ms: float
+    by: tuple[str, ...]
+    reads: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Candidate:
     family: str
     kernel: str | None          # registry id applying it; None = analysis only (no kernel yet)
@@ -45,6 +58,9 @@ class Candidate:
     # counts its cold one; None where no site has one); () / None where not (fully) probed
     site_savings_ms: tuple[float | None, ...] = ()
     device_saving_warm_ms: float | None = None
+    # per site, in `sites` order: its timing with the inputs a merge turns into column
+    # blocks read so (None: it reads none, or was not timed so); () where not probed
+    site_sliced: tuple[Sliced | None, ...] = ()
 
     @property
     def applicable(self) -> bool:
@@ -98,12 +114,14 @@ def _predicted(priced: float, device: float | None) -> float:
 def candidates(matches: list[Match], costs: Costs,
                measured: Callable[[Match], float | None] | None = None,
                unmeasured: Callable[[Match], str] | None = None,
-               warm: Callable[[Match], float | None] | None = None) -> list[Candidate]:
+               warm: Callable[[Match], float | None] | None = None,
+               sliced: Callable[[Match], Sliced | None] | None = None) -> list[Candidate]:
     """One Candidate per family, ranked by predicted saving (largest first). `measured`:
     a site's measured device-time saving in ms, or None where it was not measured; a
     family is priced by it only when every site of the family was measured. `unmeasured`:
     why a site has no measurement (the first site's reason becomes the probe_note); `warm`:
-    a site's saving with its activations in L2, where timed."""
+    a site's saving with its activations in L2, where timed; `sliced`: a site's timing
+    reading its merged producers' column blocks, where timed."""
     by_family: dict[str, list[Match]] = defaultdict(list)
     for m in matches:
         by_family[m.family].append(m)
@@ -127,5 +145,6 @@ def candidates(matches: list[Match], costs: Costs,
             predicted_saving_ms=_predicted(priced, device),
             device_saving_ms=device, probe_note=note,
             site_savings_ms=tuple(per_site) if measured is not None else (), device_saving_warm_ms=warm_total,
+            site_sliced=tuple(sliced(m) for m in ms) if sliced is not None else (),
         ))
     return sorted(out, key=lambda c: (-c.predicted_saving_ms, c.family))

@@ -89,6 +89,20 @@ def storage_bases(graph: fx.Graph) -> dict[fx.Node, fx.Node]:
     return base
 
 
+def view_chain(node: fx.Node, base: fx.Node) -> list[fx.Node] | None:
+    """The views from `base` (its storage base, `storage_bases`) to `node`, in the order they
+    run (`node` last; [] when `node` is `base`): each returns part of the one before. None
+    where `node` is not reached from `base` through views alone."""
+    chain = []
+    while node is not base:
+        src = node.args[0] if node.target is operator.getitem and node.args else _aliased_arg(node)
+        if not isinstance(src, fx.Node):
+            return None
+        chain.append(node)
+        node = src
+    return chain[::-1]
+
+
 def _aliased_arg(node: fx.Node) -> fx.Node | None:
     """The argument node a view-like `node` returns (part of), else None."""
     if node.op != "call_function":

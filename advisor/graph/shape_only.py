@@ -37,7 +37,7 @@ import torch
 from torch import fx
 
 from advisor.graph.capture import hint
-from advisor.graph.cse import _is_overload, _is_pure, _nodes_in, storage_bases, written_by
+from advisor.graph.cse import _is_pure, _nodes_in, storage_bases, written_by
 from advisor.graph.match import launches
 from advisor.kernels.masks import mark_if_causal
 

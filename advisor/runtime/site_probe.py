@@ -25,6 +25,11 @@ timed alone. Graph inputs stay cold: weights, the caller's tensors, a KV cache. 
 the two a forward sees lies between them (the residual stream was written layers of
 traffic ago); both are recorded for the report.
 
+Column-block variant (`sliced_*`, CUDA only): a site reading outputs of GEMMs that a merge
+(or a norm folded into several projections) turns into column blocks of one result is
+timed a second time reading them so (runtime/column_blocks.py): what the site saves in a
+plan that merges its producers, and what the merge costs the readers it leaves unfused.
+
 Inputs the runtime computes from sizes alone and keeps once per length (graph/shape_only.py:
 a `transformers` prefill's causal mask) get their real values, marked when causal, and
 the captured spelling's SDPA reads a marked mask as `is_causal` (runtime/causal_sdpa.py),
@@ -50,6 +55,8 @@ from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from advisor.errors import one_line
+from advisor.graph.candidates import Sliced
+from advisor.graph.capture import fake, hint
 from advisor.graph.cse import storage_bases
 from advisor.graph.match import Match
 from advisor.graph.shape_only import shape_only_key, shape_only_region, shape_only_value
@@ -57,6 +64,7 @@ from advisor.kernels.registry import all_kernels
 from advisor.profile.merge_probe import MERGE_KERNEL
 from advisor.profile.replay import CaptureFailed, copies_past_l2, device_ms
 from advisor.runtime.causal_sdpa import read_marked_masks
+from advisor.runtime.column_blocks import ColumnBlock, as_in_block, blocks_read, column_blocks
 from advisor.runtime.direct import use_direct_calls
 from advisor.runtime.emit import emit
 from advisor.runtime.rewrite import Generators, extract, random_like, site_signature
@@ -70,6 +78,8 @@ class SiteTiming:
     fused_ms: float
     warm_unfused_ms: float | None = None  # activations read from L2 (module doc); None: not timed
     warm_fused_ms: float | None = None
+    sliced_unfused_ms: float | None = None  # producers' outputs read as column blocks; None: not timed
+    sliced_fused_ms: float | None = None
 
     @property
     def saving_ms(self) -> float:
@@ -81,13 +91,21 @@ class SiteTiming:
             return None
         return self.warm_unfused_ms - self.warm_fused_ms
 
+    @property
+    def sliced_saving_ms(self) -> float | None:
+        if self.sliced_unfused_ms is None or self.sliced_fused_ms is None:
+            return None
+        return self.sliced_unfused_ms - self.sliced_fused_ms
+
 
 class GraphFacts:
     """What the probe asks of a captured graph, each computed once per graph: its
     shape-only region (graph/shape_only.py), its nodes' structural keys in it, and each
-    node's storage base (graph/cse.py)."""
+    node's storage base (graph/cse.py); and the GEMM outputs merges turn into column
+    blocks (runtime/column_blocks.py), from every match probed together."""
 
-    def __init__(self) -> None:
+    def __init__(self, blocks: dict[fx.Node, ColumnBlock] | None = None) -> None:
+        self.blocks = blocks or {}
         self._regions: dict[fx.Graph, dict[fx.Node, None]] = {}
         self._keys: dict[fx.Graph, dict[fx.Node, Any]] = {}
         self._bases: dict[fx.Graph, dict[fx.Node, fx.Node]] = {}
@@ -105,6 +123,11 @@ class GraphFacts:
             self._bases[graph] = storage_bases(graph)
         return self._bases[graph]
 
+    def blocks_read(self, inputs: list[fx.Node]) -> dict[int, ColumnBlock]:
+        if not inputs or not self.blocks:
+            return {}
+        return blocks_read(inputs, self.bases(inputs[0].graph), self.blocks)
+
 
 def probe_key(m: Match, facts: GraphFacts) -> tuple:
     """Sites timed alike: the site signature, and how the kept inputs it reads are built (a
@@ -113,7 +136,8 @@ def probe_key(m: Match, facts: GraphFacts) -> tuple:
     inputs = m.external_inputs()
     region = facts.region(inputs[0].graph) if inputs else {}
     kept = tuple(facts.key(inputs[i]) for i in kept_inputs(inputs, region))
-    return (*site_signature(m, DEFAULT_CONFIG), kept)
+    blocks = tuple((i, b.width, b.start) for i, b in facts.blocks_read(inputs).items())
+    return (*site_signature(m, DEFAULT_CONFIG), kept, blocks)
 
 
 @dataclass(frozen=True)
@@ -129,6 +153,16 @@ class SiteProbe:
     def warm_saving_ms(self, m: Match) -> float | None:
         t = self.timings.get(probe_key(m, self.facts))
         return None if t is None else t.warm_saving_ms
+
+    def sliced(self, m: Match) -> Sliced | None:
+        """The site's column-block timing (module doc); None where it reads no block or
+        that timing failed."""
+        t = self.timings.get(probe_key(m, self.facts))
+        if t is None or t.sliced_saving_ms is None or t.sliced_unfused_ms is None:
+            return None
+        read = self.facts.blocks_read(m.external_inputs()).values()
+        return Sliced(t.sliced_saving_ms, t.sliced_unfused_ms - t.unfused_ms,
+                      tuple(sorted({f for b in read for f in b.by})), tuple(sorted({b.group for b in read})))
 
     def reason(self, m: Match) -> str:
         """Why `m` has no timing ("" when it has one; "not probed" when never seen)."""
@@ -247,16 +281,56 @@ def time_site(m: Match, device: torch.device | str, seed: int = 0,
             return run
         unfused = device_ms(over(ref_gm), device) / len(sets)
         fused = device_ms(over(fused_gm), device) / len(sets)
-        if device.type != "cuda" or not warm[0]:
+        if device.type != "cuda":
             return SiteTiming(unfused, fused)
-        try:
-            touch = device_ms(over(None, True), device)
-            return SiteTiming(unfused, fused, (device_ms(over(ref_gm, True), device) - touch) / len(sets),
-                              (device_ms(over(fused_gm, True), device) - touch) / len(sets))
+        warm_ms: tuple[float | None, float | None] = (None, None)
+        sliced_ms: tuple[float | None, float | None] = (None, None)
+        try:  # a failing variant leaves the cold timing standing
+            if warm[0]:
+                touch = device_ms(over(None, True), device)
+                warm_ms = ((device_ms(over(ref_gm, True), device) - touch) / len(sets),
+                           (device_ms(over(fused_gm, True), device) - touch) / len(sets))
         except CaptureFailed:  # the device may be unusable: stop probing (probe_sites)
             raise
-        except Exception:  # noqa: BLE001 - the cold timing stands without the warm one
-            return SiteTiming(unfused, fused)
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            blocks = facts.blocks_read(inputs)
+            if blocks:
+                in_blocks = _in_blocks(inputs, sets, blocks, facts.bases(graph), seed + 2)
+                sliced_ms = (device_ms(_runner(ref_gm, in_blocks), device) / len(sets),
+                             device_ms(_runner(fused_gm, in_blocks), device) / len(sets))
+        except CaptureFailed:
+            raise
+        except Exception:  # noqa: BLE001
+            pass
+        return SiteTiming(unfused, fused, *warm_ms, *sliced_ms)
+
+
+def _runner(gm: fx.GraphModule, sets: list[list[Any]]):
+    def run() -> None:
+        for args in sets:
+            gm(*args)
+    return run
+
+
+def _in_blocks(inputs: list[fx.Node], sets: list[list[Any]], blocks: dict[int, ColumnBlock],
+               bases: dict[fx.Node, fx.Node], seed: int) -> list[list[Any]]:
+    """`sets` with the inputs in `blocks` read from column blocks: per set, one random
+    (M, width) buffer per merged result (q and k of one QKV merge share one)."""
+    out = []
+    for k, args in enumerate(sets):
+        args, buffers = list(args), {}
+        for i, b in blocks.items():
+            if b.group not in buffers:
+                t = args[i]
+                gen = torch.Generator(device=t.device).manual_seed(seed + k)
+                rows = fake(bases[inputs[i]]).shape[0]
+                buffers[b.group] = torch.randn((hint(rows), b.width), generator=gen, device=t.device,
+                                               dtype=torch.float32).to(t.dtype)
+            args[i] = as_in_block(inputs[i], bases[inputs[i]], b, buffers[b.group])
+        out.append(args)
+    return out
 
 
 def probe_sites(matches: Iterable[Match], device: torch.device | str) -> SiteProbe:
@@ -264,7 +338,8 @@ def probe_sites(matches: Iterable[Match], device: torch.device | str) -> SitePro
     device = torch.device(device)
     timings: dict[tuple, SiteTiming] = {}
     skipped: dict[tuple, str] = {}
-    facts = GraphFacts()
+    matches = list(matches)
+    facts = GraphFacts(column_blocks(matches))
     stopped = ""
     for m in matches:
         key = probe_key(m, facts)
