@@ -79,3 +79,51 @@ def test_the_console_table_counts_the_families_within_the_tolerance():
     assert "512 tokens, leave-one-out: 1 of 1 families within ±25%" in text
     render_accuracy([], Console(file=out, width=200))  # nothing measured: nothing printed
     assert out.getvalue() == text
+
+
+def _block(saving, penalty, reads):
+    return {"saving_ms": saving, "unfused_penalty_ms": penalty, "by": ["gate_up_merge"], "reads": reads}
+
+
+# Two MLPs: the gate/up merge turns gate and up into column blocks of one result; SwiGLU
+# (gated_act) and SwiGLU in down_proj's prologue (gated_act_linear) read the same blocks.
+MERGED = {"ceilings": {"graph_launch_us": 1.0, "copy_gbps": 3000.0}, "shapes": [{
+    "seq_len": 512, "budget": {"ops": []},
+    "candidates": [
+        {"family": "gate_up_merge", "count": 2, "sites": ["l0.mlp", "l1.mlp"], "device_saving_ms": 0.2,
+         "site_savings_ms": [0.1, 0.1], "site_sliced": [None, None]},
+        {"family": "gated_act", "count": 2, "sites": ["l0.mlp", "l1.mlp"], "device_saving_ms": 0.08,
+         "site_savings_ms": [0.04, 0.04],
+         "site_sliced": [_block(0.12, 0.09, ["g0", "u0"]), _block(0.12, 0.09, ["g1", "u1"])]},
+        {"family": "gated_act_linear", "count": 2, "sites": ["l0.down", "l1.down"], "device_saving_ms": 0.02,
+         "site_savings_ms": [0.01, 0.01],
+         "site_sliced": [_block(0.02, 0.085, ["g0", "u0"]), _block(0.02, 0.085, ["g1", "u1"])]},
+    ]}]}
+
+
+def _row(family, source):
+    return next(r for r in accuracy(MERGED, MERGED_BENCH) if r.family == family and r.source == source)
+
+
+MERGED_BENCH = {
+    "alone": [{"shape": 512, "family": f, "cuda_graph": True, "sites": 2, "applied_sites": s,
+               "measured_saving_ms": 0.1} for f, s in (("gate_up_merge", ["l0.mlp", "l1.mlp"]),
+                                                       ("gated_act", ["l0.mlp", "l1.mlp"]))],
+    "ablation": [
+        {"shape": 512, "removed": f, "sites_in_plan": 2, "held_sites": ["l0.mlp", "l1.mlp"], "taken_over": {},
+         "taken_sites": {}, "measured_saving_ms": 0.1} for f in ("gate_up_merge", "gated_act")
+    ] + [{"shape": 512, "removed": "cuda_graph", "measured_saving_ms": 5.0}],
+}
+
+
+def test_merges_column_blocks_price_their_readers():
+    # alone, the merge leaves its blocks to the unfused SwiGLUs: 0.2 − 2 × 0.09 (each block
+    # input counted once: gated_act and gated_act_linear read the same gate and up)
+    assert _row("gate_up_merge", ALONE).predicted_ms == pytest.approx(0.2 - 2 * 0.09)
+    # SwiGLU alone reads contiguous gate/up: its own saving
+    assert _row("gated_act", ALONE).predicted_ms == pytest.approx(0.08)
+    # left out of a plan that merges gate/up: SwiGLU's saving on the blocks
+    assert _row("gated_act", LEAVE_ONE_OUT).predicted_ms == pytest.approx(2 * 0.12)
+    # the merge left out: its own saving, less what the blocks cost the fused SwiGLU
+    # (its penalty on blocks: 0.09 unfused, 0.12 − 0.04 of it saved by fusing)
+    assert _row("gate_up_merge", LEAVE_ONE_OUT).predicted_ms == pytest.approx(0.2 - 2 * (0.09 - 0.08))

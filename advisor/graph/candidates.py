@@ -33,8 +33,9 @@ from advisor.graph.shape_only import shape_only_region
 class Sliced:
     """A site whose inputs a merge turns into column blocks (runtime/column_blocks.py), for the report:
     its saving reading them so, what its unfused spelling pays for it (sliced − contiguous
-    unfused ms), the families producing the blocks and the merged results it reads (one
-    name per merge: a reader of q and k names its layer's QKV merge once)."""
+    unfused ms), the families producing the blocks and the block inputs it reads (graph
+    node names: RoPE reads q and k, attention v, attention with RoPE all three, so two
+    families' sites are one reader where their names meet)."""
 
     saving_ms: float
     unfused_penalty_ms: float

@@ -11,6 +11,12 @@ Two measurements come from `advisor bench` (advisor/ablation.py):
   families, so the prediction is the family's margin over them (`marginal_prediction`),
   site by site where the bench names the sites.
 
+Both account for merges' column blocks (runtime/column_blocks.py): where the plan merges
+the GEMMs a site reads, the site is priced at its timing reading their blocks, and a merge's
+price is net of what its blocks cost their readers (`readers_penalty`): the H100's
+gated_act saved 0.074 ms alone and 0.249 ms inside the plan at 512 tokens, the gate/up
+merge −0.051 alone and +0.095 inside it.
+
 Each comparison is an `Accuracy` row; `error` = (predicted − measured) / |measured|. The
 measurement's own noise is the spread of its baseline timings (taken before and after
 the rows), shown so a miss on a saving of a few µs can be told from a wrong model.
@@ -37,6 +43,12 @@ def ablation_at(bench: dict | None, length: int) -> dict[str, dict]:
 def alone_at(bench: dict | None, length: int) -> dict[str, dict]:
     """family -> its row timed alone on the unfused model at this length (empty without --alone)."""
     return {str(r.get("family")): r for r in (bench or {}).get("alone", []) or [] if r.get("shape") == length}
+
+
+def plan_families(ablated: dict[str, dict], cands: dict[str, dict]) -> set[str]:
+    """The families of the plan a leave-one-out bench ablated (its rows; the plan's flags,
+    CUDA graphs and PDL, are not candidates)."""
+    return {f for f in ablated if f in cands}
 
 
 SMALL_KERNEL_BYTES = 1 << 20  # kernels moving less than this cost their fixed time alone
@@ -85,15 +97,63 @@ def _site_price(c: dict, p: float, module: str) -> float:
     return p / c["count"]
 
 
+def _block_delta(c: dict, module: str, merged: set[str]) -> float:
+    """What a site of `c` named `module` saves more (or less) where a family of `merged`
+    turns the GEMM outputs it reads into column blocks: its block timing's saving minus its
+    own (mean over the sites of that name; 0 where it reads no block or the plan merges
+    none of them)."""
+    sites, each, blocks = c.get("sites") or [], c.get("site_savings_ms") or [], c.get("site_sliced") or []
+    if len(blocks) != len(sites) or len(each) != len(sites):
+        return 0.0
+    at = [b["saving_ms"] - e if b and e is not None and set(b["by"]) & merged else 0.0
+          for s, e, b in zip(sites, each, blocks) if s == module]
+    return sum(at) / len(at) if at else 0.0
+
+
+def _block_readers(cands: dict[str, dict], producer: str, first: set[str]) -> list[tuple[str, int, dict]]:
+    """(family, site index, block timing) of the sites reading `producer`'s blocks, each
+    block input counted once: sites of the families in `first` (the plan's: they hold the
+    readers) before others, then the narrowest reader (RoPE's q, k and attention's v
+    before attention with RoPE's q, k, v)."""
+    readers = [(f, i, b) for f, c in cands.items() for i, b in enumerate(c.get("site_sliced") or [])
+               if b and producer in b["by"]]
+    readers.sort(key=lambda r: (r[0] not in first, len(r[2]["reads"]), r[0], r[1]))
+    chosen, covered = [], set()
+    for f, i, b in readers:
+        if not set(b["reads"]) & covered:
+            covered |= set(b["reads"])
+            chosen.append((f, i, b))
+    return chosen
+
+
+def readers_penalty(cands: dict[str, dict], producer: str, plan: set[str], still_merged: set[str]) -> float:
+    """What `producer`'s column blocks cost the sites reading them (ms, per forward): each
+    reader's extra time on blocks, fused where its family is in `plan`, else unfused;
+    readers whose blocks a family of `still_merged` produces anyway are left out."""
+    total = 0.0
+    for f, i, b in _block_readers(cands, producer, plan):
+        if set(b["by"]) & still_merged:
+            continue
+        if f not in plan:
+            total += b["unfused_penalty_ms"]
+            continue
+        own = (cands[f].get("site_savings_ms") or [None] * (i + 1))[i]
+        if own is not None:  # fused on blocks − fused = unfused penalty − the saving's change
+            total += b["unfused_penalty_ms"] - (b["saving_ms"] - own)
+    return total
+
+
 def marginal_prediction(row: dict, cands: dict[str, dict],
-                        price: Callable[[dict], float | None]) -> float | None:
+                        price: Callable[[dict], float | None], plan: set[str] | None = None) -> float | None:
     """What leaving the row's family out should cost: its price at the sites it held in
     the plan, minus, for each family that took sites back without it, that family's price
     at those sites (advisor/ablation.py). Site by site where the row names the modules
     (`held_sites`, `taken_sites`) and the analysis has each site's saving (a deep family's
     sites differ: QKV projections and the lm_head); else the price per site times the
-    counts. None where the row lacks the site counts (benches before session 14) or a price
-    is missing."""
+    counts. `plan`: the plan's families; a site reading GEMM outputs that the plan without
+    the row's family still merges is priced at its column-block timing (`_block_delta`).
+    None where the row lacks the site counts (benches before session 14) or a price is
+    missing."""
     c, held = cands.get(str(row.get("removed"))), row.get("sites_in_plan")
     if c is None or held is None or "taken_over" not in row:
         return None
@@ -101,13 +161,15 @@ def marginal_prediction(row: dict, cands: dict[str, dict],
     taken = row["taken_sites"] if named else row["taken_over"]
     terms = [(row["removed"], row["held_sites"] if named else held, 1.0),
              *((g, x, -1.0) for g, x in taken.items())]
+    merged = (plan or set()) - {row["removed"]}
     total = 0.0
     for fam, sites, sign in terms:
         cg = cands.get(fam)
         p = price(cg) if cg else None
         if p is None or not cg.get("count"):
             return None
-        total += sign * (sum(_site_price(cg, p, m) for m in sites) if named else p * sites / cg["count"])
+        total += sign * (sum(_site_price(cg, p, m) + _block_delta(cg, m, merged) for m in sites)
+                         if named else p * sites / cg["count"])
     return total
 
 
@@ -124,31 +186,42 @@ def price(c: dict, ceilings: dict | None, kernel_us: float | None, graphs: bool,
 
 
 def alone_prediction(row: dict, c: dict, ceilings: dict | None, kernel_us: float | None,
-                     warm: bool = False) -> float | None:
+                     warm: bool = False, cands: dict[str, dict] | None = None) -> float | None:
     """The prediction an alone row measures: the family's price (`price`, under CUDA
     graphs when the row ran under them) at the sites it applied (`applied_sites`, where
-    the row names them: a refused site saves nothing), else at all of them."""
+    the row names them: a refused site saves nothing), else at all of them; a merge net of
+    what its blocks cost the (unfused) sites reading them, given the analysis's `cands`."""
+    fam = str(row.get("family"))
     p = price(c, ceilings, kernel_us, bool(row.get(CUDA_GRAPH)), warm)
     if p is None or "applied_sites" not in row:
         return p
-    return sum(_site_price(c, p, m) for m in row["applied_sites"])
+    # a merge alone: its blocks are read by the unfused model
+    penalty = readers_penalty(cands, fam, {fam}, set()) if cands is not None else 0.0
+    return sum(_site_price(c, p, m) for m in row["applied_sites"]) - penalty
 
 
 def leave_one_out_prediction(row: dict, cands: dict[str, dict], ceilings: dict | None,
-                             kernel_us: float | None, graphs: bool, warm: bool = False) -> float | None:
+                             kernel_us: float | None, graphs: bool, warm: bool = False,
+                             plan: set[str] | None = None) -> float | None:
     """The prediction a leave-one-out row measures: the family's margin over the families
     that took its sites back where the row allows (else its own price), priced for CUDA
     graphs when the plan used them. `warm`: the removed family's warm price (None without
-    one), the others' warm price where they have one."""
-    own = cands[str(row.get("removed"))]
+    one), the others' warm price where they have one. `plan`: the plan's families, for
+    merges' column blocks (module doc)."""
+    fam = str(row.get("removed"))
+    own = cands[fam]
     if warm and price(own, ceilings, kernel_us, graphs, warm=True) is None:
         return None
 
     def priced(x: dict) -> float | None:
         w = price(x, ceilings, kernel_us, graphs, warm=True) if warm else None
         return w if w is not None else price(x, ceilings, kernel_us, graphs)
-    margin = marginal_prediction(row, cands, priced)
-    return margin if margin is not None else priced(own)
+    margin = marginal_prediction(row, cands, priced, plan)
+    if margin is None:
+        margin = priced(own)
+    if margin is None or not plan:
+        return margin
+    return margin - readers_penalty(cands, fam, plan, plan - {fam})
 
 
 @dataclass(frozen=True)
@@ -189,17 +262,18 @@ def accuracy(analysis: dict, bench: dict | None) -> list[Accuracy]:
         for fam, row in alone_at(bench, length).items():
             if fam in cands and row.get("sites") != 0:  # a family that found no site alone
                 args = (row, cands[fam], ceilings, kernel_us)
-                out.append(Accuracy(length, fam, ALONE, alone_prediction(*args),
-                                    alone_prediction(*args, warm=True),
+                out.append(Accuracy(length, fam, ALONE, alone_prediction(*args, cands=cands),
+                                    alone_prediction(*args, warm=True, cands=cands),
                                     _num(row.get("measured_saving_ms")), _spread(row.get("unfused_ms_runs")),
                                     row.get("sites")))
         ablated = ablation_at(bench, length)
         graphs = CUDA_GRAPH in ablated
+        plan = plan_families(ablated, cands)
         for fam, row in ablated.items():
             if fam in cands and not row.get("same_graph"):
                 args = (row, cands, ceilings, kernel_us, graphs)
-                out.append(Accuracy(length, fam, LEAVE_ONE_OUT, leave_one_out_prediction(*args),
-                                    leave_one_out_prediction(*args, warm=True),
+                out.append(Accuracy(length, fam, LEAVE_ONE_OUT, leave_one_out_prediction(*args, plan=plan),
+                                    leave_one_out_prediction(*args, warm=True, plan=plan),
                                     _num(row.get("measured_saving_ms")), _spread(row.get("plan_ms_runs")),
                                     row.get("sites_in_plan")))
     return out

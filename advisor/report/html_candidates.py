@@ -30,6 +30,7 @@ from advisor.report.accuracy import (
     alone_at,
     alone_prediction,
     leave_one_out_prediction,
+    plan_families,
     price,
     small_kernel_us,
 )
@@ -141,13 +142,14 @@ def _caption(bucket: int, att: Attribution) -> str:
 
 # ---- per-family measured savings from a leave-one-out bench (--ablate) ----------------
 
-def _alone_cells(row: dict, c: dict, ceilings: dict | None,
+def _alone_cells(row: dict, cands: dict[str, dict], ceilings: dict | None,
                  kernel_us: float | None) -> list[tuple[str, bool]]:
     """A family timed alone on the unfused model (advisor/ablation.py `alone_rows`): the
     analyzer's own terms, so compared with its prediction as it stands (re-priced for CUDA
     graphs when the row ran under them), no margin to work out."""
+    c = cands[str(row.get("family"))]
     eager = _num(c.get("predicted_saving_ms"))
-    predicted = alone_prediction(row, c, ceilings, kernel_us)
+    predicted = alone_prediction(row, c, ceilings, kernel_us, cands=cands)
     tip = (f"alone in the bench at {row.get('shape')} tokens: unfused {_f(row.get('unfused_ms'))} ms − "
            f"unfused with {row.get('family')} at {_f(row.get('sites'), '.0f')} sites "
            f"{_f(row.get('with_ms'))} ms")
@@ -157,13 +159,14 @@ def _alone_cells(row: dict, c: dict, ceilings: dict | None,
         how = "re-priced for CUDA graphs, " if row.get("cuda_graph") else ""
         tip += (f"; compared with the prediction {how}at the sites applied, {predicted:.3f} ms "
                 f"(eager-priced, all sites: {_f(eager)} ms)")
-    if (warm := alone_prediction(row, c, ceilings, kernel_us, warm=True)) != predicted and warm is not None:
+    if (warm := alone_prediction(row, c, ceilings, kernel_us, warm=True, cands=cands)) != predicted \
+            and warm is not None:
         tip += f"; with the site's activations in L2 the probe predicted {warm:.3f} ms"
     return _error_cells(_num(row.get("measured_saving_ms")), predicted, tip)
 
 
 def _ablation_cells(row: dict, cands: dict[str, dict], ceilings: dict | None, graphs: bool,
-                    kernel_us: float | None = None) -> list[tuple[str, bool]]:
+                    kernel_us: float | None = None, plan: set[str] | None = None) -> list[tuple[str, bool]]:
     fam = row.get("removed")
     c = cands[str(fam)]
     eager = _num(c.get("predicted_saving_ms"))
@@ -185,7 +188,7 @@ def _ablation_cells(row: dict, cands: dict[str, dict], ceilings: dict | None, gr
                else "the graph launch cost")
         tip += (f"; compared with the prediction re-priced for CUDA graphs ({per}), {own:.3f} ms "
                 f"(eager-priced {_f(eager)} ms)")
-    predicted = leave_one_out_prediction(row, cands, ceilings, kernel_us, graphs)
+    predicted = leave_one_out_prediction(row, cands, ceilings, kernel_us, graphs, plan=plan)
     if predicted != own and predicted is not None:
         took = ", ".join(f"{g} {n}" for g, n in row["taken_over"].items()) or "none"
         tip += (f"; it held {row['sites_in_plan']} of its {c.get('count')} sites in the plan, and "
@@ -214,9 +217,10 @@ def candidates_table(s: dict, bench: dict | None, recipe: dict | None,
             in_plan += predicted or 0.0
         fs = found[1].get(fam) if found is not None else None
         if fam in alone:
-            measured = _alone_cells(alone[fam], c, ceilings, small_kernel_us(s))
+            measured = _alone_cells(alone[fam], by_family, ceilings, small_kernel_us(s))
         elif fam in ablated:
-            measured = _ablation_cells(ablated[fam], by_family, ceilings, graphs, small_kernel_us(s))
+            measured = _ablation_cells(ablated[fam], by_family, ceilings, graphs, small_kernel_us(s),
+                                       plan_families(ablated, by_family))
         elif fs is not None and found is not None:
             measured = _error_cells(fs.saving_ms, predicted, _tip(fs, found[0], length))
         else:
