@@ -257,3 +257,19 @@ def test_masks_built_alike_share_a_key_and_a_window_does_not():
     region, memo = {n: None for n in g.nodes if n.op == "call_function"}, {}
     keys = [shape_only_key(n, region, memo) for n in (*causal, window)]
     assert keys[0] == keys[1] != keys[2]
+
+
+def test_the_fused_attention_site_runs_without_the_captured_sdpa():
+    """The captured SDPA is a random op (it takes a dropout): fx's dead-code elimination
+    keeps it outside a dynamo tracing context, which is where the probe runs. Ours drops
+    it there as in the runtime (graph/dce.py), with repeat_kv's copies."""
+    mf = load_model_file("examples/llama_hf.py")
+    model = build(mf, CPU, torch.float32)
+    ms = matches_of(capture(model, inputs_for(mf, 1, 1, CPU)))
+    m = next(m for m in ms if m.family == "attention")
+    facts = site_probe.GraphFacts()
+    ref, fused, _, _ = site_probe.spellings(m, facts.region(m.nodes[0].graph))
+    calls = [str(n.target) for n in fused.graph.nodes if n.op == "call_function"]
+    assert not any("attention" in c and "advisor" not in c for c in calls), calls  # no aten SDPA
+    assert not any("clone" in c for c in calls), calls
+    assert any("attention" in str(n.target) for n in ref.graph.nodes)

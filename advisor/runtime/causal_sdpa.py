@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from advisor.graph.capture import fake, hint
+from advisor.graph.dce import eliminate_dead
 from advisor.graph.match import is_getitem
 from advisor.graph.patterns.attention import SDPA_OPS, bind_args, positional_names, sdpa_args, unrepeat_kv
 from advisor.graph.shape_only import ShapeMemo
@@ -108,7 +109,7 @@ def read_marked_masks(gm: fx.GraphModule, kept: Callable[[Any], bool] = _memo_ou
         node.target = CausalWhenMarked(node.target, order, _kv_before_repeat(node))
         count += 1
     if count:
-        gm.graph.eliminate_dead_code()  # repeat_kv's copies, where nothing else reads them
+        eliminate_dead(gm.graph)  # repeat_kv's copies, where nothing else reads them
         gm.recompile()
     return count
 

@@ -29,6 +29,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from advisor.errors import one_line
 from advisor.graph.capture import fake, hint
 from advisor.graph.cse import eliminate_common_subexpressions
+from advisor.graph.dce import eliminate_dead, removable
 from advisor.graph.inplace import batch_input_increments, write_inputs_in_place
 from advisor.graph.match import Match, launches
 from advisor.graph.patterns import find_all
@@ -208,7 +209,7 @@ def confirm(m: Match, config: str, seed: int = 0) -> float:
         ref_gm, inputs, _ = extract(m)
         fused_gm, _, local = extract(m)
         emit(fused_gm.graph, local, config)
-        fused_gm.graph.eliminate_dead_code()
+        eliminate_dead(fused_gm.graph)
         use_direct_calls(fused_gm)  # confirm exactly what will run
         # fake values read here too: one reads "meta" as its device while another thread
         # is inside the fake mode (in_kernel_invocation)
@@ -297,7 +298,7 @@ def _erase_dead(graph: fx.Graph, seeds: list[fx.Node]) -> None:
     work = list(seeds)
     while work:
         n = work.pop()
-        if n._erased or n.op != "call_function" or n.users or n.is_impure():
+        if n._erased or not removable(n):
             continue
         inputs = n.all_input_nodes
         graph.erase_node(n)
@@ -366,7 +367,7 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
             note = ("config not kept at this shape, the default ran: " + "; ".join(confirmed.refused)
                     if confirmed.refused else "")
             results.append(SiteResult(m.family, m.module, True, max_error=confirmed.max_error, note=note))
-        gm.graph.eliminate_dead_code()
+        eliminate_dead(gm.graph)
     gm.graph.lint()
     # Graph-wide passes, whatever the fusions did (a plan whose families found no site, or
     # none, gets them too: the runtime's baseline, which `bench --alone` measures against):

@@ -58,6 +58,7 @@ from advisor.errors import one_line
 from advisor.graph.candidates import Sliced
 from advisor.graph.capture import fake, hint
 from advisor.graph.cse import storage_bases
+from advisor.graph.dce import eliminate_dead
 from advisor.graph.match import Match
 from advisor.graph.shape_only import shape_only_key, shape_only_region, shape_only_value
 from advisor.kernels.registry import all_kernels
@@ -244,7 +245,7 @@ def spellings(m: Match, region: dict[fx.Node, None]) -> tuple[fx.GraphModule, fx
     ref_gm, inputs, _ = extract(m, keep=m.shared)
     fused_gm, _, local = extract(m, keep=m.shared)
     emit(fused_gm.graph, local, DEFAULT_CONFIG)
-    fused_gm.graph.eliminate_dead_code()
+    eliminate_dead(fused_gm.graph)  # the captured SDPA, dead beside our attention, too
     kept = kept_inputs(inputs, region)
     names = {ref_gm.graph.find_nodes(op="placeholder")[i].name for i in kept}
     read_marked_masks(ref_gm, lambda n: isinstance(n, fx.Node) and n.op == "placeholder" and n.name in names)
