@@ -127,3 +127,18 @@ def test_merges_column_blocks_price_their_readers():
     # the merge left out: its own saving, less what the blocks cost the fused SwiGLU
     # (its penalty on blocks: 0.09 unfused, 0.12 − 0.04 of it saved by fusing)
     assert _row("gate_up_merge", LEAVE_ONE_OUT).predicted_ms == pytest.approx(0.2 - 2 * (0.09 - 0.08))
+
+
+def test_the_recipes_own_row_counts_in_a_leave_one_outs_noise():
+    """The plan timed before and after the leave-one-outs may agree while another apply of
+    it (the recipe's row) differs: the noise is the spread of all three."""
+    bench = json.loads(json.dumps(BENCH))
+    bench["ablation"][0]["recipe_ms"] = 1.05
+    (row,) = [r for r in accuracy(ANALYSIS, bench) if r.source == LEAVE_ONE_OUT]
+    assert row.noise_ms == pytest.approx(0.05)
+    missed = Accuracy(512, "rope", LEAVE_ONE_OUT, 0.10, None, 0.06, 0.05, 8)
+    assert not missed.within() and missed.within_noise()
+    assert Accuracy(512, "rope", LEAVE_ONE_OUT, 0.10, None, 0.06, None, 8).within_noise() is None
+    out = io.StringIO()
+    render_accuracy([missed], Console(file=out, width=200))
+    assert "0 of 1 families within ±25%; 1 more miss by less than the measurement's noise" in out.getvalue()

@@ -163,9 +163,11 @@ def render_accuracy(rows: Iterable[Accuracy], console: Console) -> None:
                   "-" if within is None else ("yes" if within else "[red]no[/red]"))
     console.print(t)
     for (shape, source), group in _groups(rows).items():
-        judged = [r.within() for r in group if r.within() is not None]
-        console.print(f"{shape} tokens, {source}: {sum(judged)} of {len(judged)} families within "
-                      f"±{TOLERANCE:.0%}")
+        judged = [r for r in group if r.within() is not None]
+        hits = sum(bool(r.within()) for r in judged)
+        noisy = sum(not r.within() and bool(r.within_noise()) for r in judged)
+        console.print(f"{shape} tokens, {source}: {hits} of {len(judged)} families within ±{TOLERANCE:.0%}"
+                      + (f"; {noisy} more miss by less than the measurement's noise" if noisy else ""))
 
 
 def _groups(rows: list[Accuracy]) -> dict[tuple[int, str], list[Accuracy]]:
