@@ -75,3 +75,23 @@ def decode_steps():
         steps[path] = SimpleNamespace(ref=ref, got=got, eager_wrote_cache=changed, restored=restored,
                                       after_eager=after_eager, summary=fast.summary())
     return steps
+
+
+@pytest.fixture(scope="session")
+def example_matches():
+    """`get(path, tokens)`: the fusion sites of an example model (fp32, batch 1) captured at
+    that prompt length, built once per session for every test that reads them."""
+    import torch
+
+    from advisor.graph.candidates import matches_of
+    from advisor.graph.capture import capture
+    from advisor.loader import build, inputs_for, load_model_file
+
+    cpu, seen = torch.device("cpu"), {}
+
+    def get(path: str, tokens: int = 5):
+        if (path, tokens) not in seen:
+            mf = load_model_file(path)
+            seen[path, tokens] = matches_of(capture(build(mf, cpu, torch.float32), inputs_for(mf, tokens, 1, cpu)))
+        return seen[path, tokens]
+    return get

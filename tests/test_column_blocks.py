@@ -10,10 +10,9 @@ import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from advisor.graph.candidates import Costs, candidates, matches_of  # noqa: E402
-from advisor.graph.capture import capture, fake, hint  # noqa: E402
+from advisor.graph.candidates import Costs, candidates  # noqa: E402
+from advisor.graph.capture import fake, hint  # noqa: E402
 from advisor.graph.cse import storage_bases  # noqa: E402
-from advisor.loader import build, inputs_for, load_model_file  # noqa: E402
 from advisor.runtime import site_probe  # noqa: E402
 from advisor.runtime.column_blocks import as_in_block, blocks_read, column_blocks  # noqa: E402
 from advisor.runtime.rewrite import extract  # noqa: E402
@@ -22,10 +21,8 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
-def matches():
-    mf = load_model_file("examples/llama_hf.py")
-    model = build(mf, CPU, torch.float32)
-    return matches_of(capture(model, inputs_for(mf, 5, 1, CPU)))
+def matches(example_matches):
+    return example_matches("examples/llama_hf.py")
 
 
 def _site(matches, family):

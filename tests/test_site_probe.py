@@ -26,10 +26,8 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
-def matches():
-    mf = load_model_file("examples/tiny_llama.py")
-    model = build(mf, CPU, torch.float32)
-    return matches_of(capture(model, inputs_for(mf, 5, 1, CPU)))
+def matches(example_matches):
+    return example_matches("examples/tiny_llama.py")
 
 
 def test_off_cuda_nothing_is_timed_and_the_reason_is_kept(matches):
@@ -259,14 +257,11 @@ def test_masks_built_alike_share_a_key_and_a_window_does_not():
     assert keys[0] == keys[1] != keys[2]
 
 
-def test_the_fused_attention_site_runs_without_the_captured_sdpa():
+def test_the_fused_attention_site_runs_without_the_captured_sdpa(example_matches):
     """The captured SDPA is a random op (it takes a dropout): fx's dead-code elimination
     keeps it outside a dynamo tracing context, which is where the probe runs. Ours drops
     it there as in the runtime (graph/dce.py), with repeat_kv's copies."""
-    mf = load_model_file("examples/llama_hf.py")
-    model = build(mf, CPU, torch.float32)
-    ms = matches_of(capture(model, inputs_for(mf, 1, 1, CPU)))
-    m = next(m for m in ms if m.family == "attention")
+    m = next(m for m in example_matches("examples/llama_hf.py", 1) if m.family == "attention")
     facts = site_probe.GraphFacts()
     ref, fused, _, _ = site_probe.spellings(m, facts.region(m.nodes[0].graph))
     calls = [str(n.target) for n in fused.graph.nodes if n.op == "call_function"]
