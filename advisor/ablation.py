@@ -43,6 +43,12 @@ mask the same way, runtime/site_probe.py). Limit: a plan without CUDA graphs
 has no traced baseline (an empty bucket without graphs runs the original module), so
 its alone rows also carry the traced path's host cost and the passes; every bucket of
 the committed recipes uses graphs.
+
+Repeats (`repeats` > 1, `bench --repeats`): one apply of a plan can time up to 50 µs
+apart from another apply of the same plan at 512 tokens on an H100 (session 21), while
+each apply's own replays agree within a few µs; so every row is applied and timed
+`repeats` times, in rounds with the baseline timed between them, and its median is kept
+(`without_ms_runs`, `with_ms_runs`: all of them).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from statistics import median
 from typing import Any
 
 from advisor.errors import one_line
@@ -90,17 +97,17 @@ def taken_over(plan_sites: Mapping[str, Sequence[str]],
 
 def ablation_rows(shape: int, plan: Plan, recipe_ms: float,
                   time_plan: Callable[[Plan], tuple[float, dict[str, list[str]]]],
-                  plan_sites: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
+                  plan_sites: Mapping[str, Sequence[str]], repeats: int = 1) -> list[dict[str, Any]]:
     """One row per removed family: `time_plan(p)` gives p's median ms at `shape` and the
     modules of its sites applied per family; `plan_sites` the same for the whole plan,
     `recipe_ms` the recipe's own timing (kept). The baseline `plan_ms` is `time_plan(plan)`
-    timed before and after the leave-one-outs (their mean, both kept in `plan_ms_runs`:
-    drift shows as their spread);
+    timed before and after the leave-one-outs (their median, all kept in `plan_ms_runs`:
+    drift shows as their spread), and between the rounds when `repeats` > 1 (module doc);
     if neither run works it is recipe_ms and every row says so (`baseline_error`). A plan
     that raises is a row with its error. Rows carry both timings so a reader can recompute
     the saving."""
     baseline = _Baseline(lambda: time_plan(plan)[0])
-    rows = []
+    rows, timed = [], []
     for removed, without in leave_one_out(plan):
         row: dict[str, Any] = {"shape": shape, "removed": removed, "recipe_ms": recipe_ms}
         if removed in plan.fusions:
@@ -114,10 +121,13 @@ def ablation_rows(shape: int, plan: Plan, recipe_ms: float,
         try:
             ms, sites = time_plan(without)
             taken = taken_over(plan_sites, sites)
-            row.update(without_ms=ms, taken_over={f: len(m) for f, m in taken.items()}, taken_sites=taken)
+            row.update(without_ms_runs=[ms], taken_over={f: len(m) for f, m in taken.items()},
+                       taken_sites=taken)
+            timed.append((row, without))
         except Exception as exc:  # a plan that fails here is a result, not a crash
             row.update(without_ms=None, measured_saving_ms=None, error=one_line(exc))
         rows.append(row)
+    _again(timed, "without_ms_runs", repeats, baseline, time_plan)
     baseline.again()
     plan_ms = baseline.ms if baseline.runs else recipe_ms
     for row in rows:
@@ -131,9 +141,25 @@ def ablation_rows(shape: int, plan: Plan, recipe_ms: float,
     return rows
 
 
+def _again(timed: list[tuple[dict[str, Any], Plan]], key: str, repeats: int, baseline: _Baseline,
+           time_plan: Callable[[Plan], tuple[float, Any]]) -> None:
+    """Rounds 2..repeats of the timed rows, the baseline timed before each; each row's
+    timing is then the median of its runs (`key`). A later round that fails keeps the
+    runs that worked."""
+    for _ in range(repeats - 1):
+        baseline.again()
+        for row, p in timed:
+            try:
+                row[key].append(time_plan(p)[0])
+            except Exception as exc:  # noqa: BLE001 - the first round's timing stands
+                row.setdefault("repeat_errors", []).append(one_line(exc))
+    for row, _ in timed:
+        row[key.removesuffix("_runs")] = median(row[key])
+
+
 class _Baseline:
-    """A reference timing taken before and after the rows it serves (their mean: drift
-    between the two shows as their spread); a failure is kept as text, never raised."""
+    """A reference timing taken before and after the rows it serves (their median: drift
+    between them shows as their spread); a failure is kept as text, never raised."""
 
     def __init__(self, time: Callable[[], float]):
         self.time, self.runs, self.errors = time, [], []
@@ -147,29 +173,34 @@ class _Baseline:
 
     @property
     def ms(self) -> float | None:
-        return sum(self.runs) / len(self.runs) if self.runs else None
+        return median(self.runs) if self.runs else None
 
 
 def alone_rows(shape: int, plan: Plan,
-               time_plan: Callable[[Plan], tuple[float, dict[str, list[str]]]]) -> list[dict[str, Any]]:
+               time_plan: Callable[[Plan], tuple[float, dict[str, list[str]]]],
+               repeats: int = 1) -> list[dict[str, Any]]:
     """One row per family of `plan`: the unfused model with it alone (`alone`), timed by
     `time_plan` like the plan, against the unfused model timed before and after. Each row:
     `unfused_ms` (+ `unfused_ms_runs`), `with_ms`, the sites it applied alone (`sites`, their
     modules in `applied_sites`), and
     `measured_saving_ms` = unfused − with; a family that fails is a row with its error, an
-    unfused model that fails to time leaves every saving None with `baseline_error`."""
+    unfused model that fails to time leaves every saving None with `baseline_error`.
+    `repeats`: each row applied and timed that many times, its median kept (module doc)."""
     base, each = alone(plan)
     baseline = _Baseline(lambda: time_plan(base)[0])
     rows: list[dict[str, Any]] = []
+    timed = []
     for family, only in each:
         row: dict[str, Any] = {"shape": shape, "family": family, "cuda_graph": base.cuda_graph}
         try:
             ms, sites = time_plan(only)
             applied = list(sites.get(family, ()))
-            row.update(with_ms=ms, sites=len(applied), applied_sites=applied)
+            row.update(with_ms_runs=[ms], sites=len(applied), applied_sites=applied)
+            timed.append((row, only))
         except Exception as exc:  # a family that fails alone is a result, not a crash
             row.update(with_ms=None, sites=None, error=one_line(exc))
         rows.append(row)
+    _again(timed, "with_ms_runs", repeats, baseline, time_plan)
     baseline.again()
     for row in rows:
         row.update(unfused_ms=baseline.ms, unfused_ms_runs=list(baseline.runs), measured_saving_ms=None)

@@ -104,11 +104,13 @@ def fp32_truth(mf: ModelFile, model: torch.nn.Module, shapes: tuple[int, ...], b
 def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int,
               device: torch.device, dtype: torch.dtype, compile_modes: tuple[str, ...],
               phase: str = "prefill", truth: bool = True, generate: int = 0,
-              generate_reps: int = 3, ablate: bool = False, alone: bool = False) -> BenchResult:
+              generate_reps: int = 3, ablate: bool = False, alone: bool = False,
+              repeats: int = 1) -> BenchResult:
     """shapes are prompt lengths (prefill) or KV-cache context lengths (decode). Each
     shape's inputs are snapshot once; state they hold (a KV cache) is restored before
     every correctness check, so fused and eager see the same cache. With phase decode and
-    generate=N, each variant also generates N greedy tokens per shape (`result.generation`)."""
+    generate=N, each variant also generates N greedy tokens per shape (`result.generation`).
+    `repeats`: how many applies each --ablate / --alone row is timed over (advisor/ablation.py)."""
     from advisor.env import environment
 
     if generate and phase != "decode":
@@ -164,9 +166,9 @@ def run_bench(mf: ModelFile, recipe: Recipe, shapes: tuple[int, ...], batch: int
                 return _time_plan(model, Bucket(bound, p), inputs[t], states[t], device, length_of, reset[t])
             if ablate and advisor_ms.get(t) is not None:
                 result.ablation += ablation_rows(t, bucket.plan, advisor_ms[t], time_plan,
-                                                 fast.applied_sites(bucket.max_len))
+                                                 fast.applied_sites(bucket.max_len), repeats)
             if alone:
-                result.alone += alone_rows(t, bucket.plan, time_plan)
+                result.alone += alone_rows(t, bucket.plan, time_plan, repeats)
         for mode in compile_modes:
             torch._dynamo.reset()
             compiled = torch.compile(model, mode=None if mode == "default" else mode)

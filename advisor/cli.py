@@ -114,6 +114,9 @@ def bench(
     alone: Annotated[bool, typer.Option(
         help="also time each family of each shape's plan alone on the unfused model: the saving "
         "the analyzer predicts, measured")] = False,
+    repeats: Annotated[int, typer.Option(
+        min=1, help="with --ablate/--alone: apply and time each row this many times, keep the median "
+        "(one apply of a plan can differ from another by tens of µs)")] = 1,
 ) -> None:
     """Eager vs torch.compile vs the recipe, measured in one run, checked against eager."""
     if generate and phase != "decode":
@@ -130,7 +133,7 @@ def bench(
     dev, dt = _device_dtype(device, dtype)
     modes = tuple(m for m in compile_modes.split(",") if m and m != "none")
     result = run_bench(mf, rec, lengths, batch, dev, dt, modes, phase=phase, truth=truth,
-                       generate=generate, ablate=ablate, alone=alone)
+                       generate=generate, ablate=ablate, alone=alone, repeats=repeats)
     render_rows("latency per forward (median)", result.rows, stdout)
     render_generation(result.generation, stdout)
     render_rows("fusions applied", result.applied, stdout)

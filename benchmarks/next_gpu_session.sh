@@ -12,7 +12,8 @@
 #   predict issue 7's predicted-vs-measured: analyze at PREDICT_SHAPES (default 1,512), then
 #           each family of RECIPE timed alone on the unfused model there (bench --alone), and
 #           the predicted-vs-measured table (advisor report); PREDICT_ABLATE=1 adds the
-#           leave-one-out in the same bench (~190 s more at 1/512: raise ALONE_S)
+#           leave-one-out in the same bench (~190 s more at 1/512: raise ALONE_S); REPEATS=N
+#           times each alone / leave-one-out row over N applies (median; ablate too)
 #   all     one ~580 s command: analyze 1/512, bench RECIPE at 1/128/512/2048, the rope_table
 #           plan at 1 token, ablate 1/512, four memory-bound kernels at 2048/8192
 #   coldstart  benchmarks/cold_start.py in fresh processes at 1 token, cold then warm caches:
@@ -62,7 +63,7 @@ bench)
   echo "bench rc=$?" >> "$OUT/bench.log"; tail -40 "$OUT/bench.log" ;;
 ablate)
   timeout ${ABLATE_S:-400} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes ${ABLATE_SHAPES:-1,512} \
-    --compile none --ablate --json "$OUT/ablate.json" > "$OUT/ablate.log" 2>&1
+    --compile none --ablate --repeats ${REPEATS:-1} --json "$OUT/ablate.json" > "$OUT/ablate.log" 2>&1
   echo "ablate rc=$?" >> "$OUT/ablate.log"
   tail -40 "$OUT/ablate.log" ;;  # then, here: advisor report --analysis … --bench ablate.json
 predict)
@@ -70,7 +71,8 @@ predict)
     --json "$OUT/analysis.json" > "$OUT/analyze.log" 2>&1
   echo "analyze rc=$?" >> "$OUT/analyze.log"; tail -2 "$OUT/analyze.log"
   timeout ${ALONE_S:-330} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes ${PREDICT_SHAPES:-1,512} \
-    --compile none --alone ${PREDICT_ABLATE:+--ablate} --json "$OUT/alone.json" > "$OUT/alone.log" 2>&1
+    --compile none --alone ${PREDICT_ABLATE:+--ablate} --repeats ${REPEATS:-1} --json "$OUT/alone.json" \
+    > "$OUT/alone.log" 2>&1
   echo "alone rc=$?" >> "$OUT/alone.log"; tail -3 "$OUT/alone.log"
   python3 -m advisor.cli report --analysis "$OUT/analysis.json" --bench "$OUT/alone.json" \
     --out "$OUT/predict.html" 2>&1 | tail -32 ;;

@@ -245,3 +245,28 @@ def test_the_unfused_baseline_gets_the_graph_wide_passes_as_every_plan_does():
         call(fast, x)
     total = next(r for r in fast.summary() if r["family"] == "(all)")
     assert total["repeats_merged"] > 0 and total["shape_only_memoized"] > 0, total
+
+
+def test_repeats_time_each_row_over_several_applies_and_keep_the_median():
+    """One apply of a plan can time tens of µs from another: with repeats, rounds of the
+    rows with the baseline between them; a failing later round keeps what worked."""
+    plan = Plan(("add_rms_norm", "rope"), cuda_graph=False)
+    sites = {"add_rms_norm": ["l0"], "rope": ["l0.attn"]}
+    times = {("add_rms_norm", "rope"): iter([2.0, 2.2, 2.1]), ("rope",): iter([2.5, 2.9, 2.6]),
+             ("add_rms_norm",): iter([2.4, RuntimeError("flaky"), 2.8])}
+
+    def time_plan(p):
+        t = next(times[p.fusions])
+        if isinstance(t, Exception):
+            raise t
+        return t, {f: sites[f] for f in p.fusions}
+    rows = {r["removed"]: r for r in ablation_rows(512, plan, 2.3, time_plan, sites, repeats=2)}
+    assert rows["add_rms_norm"]["plan_ms_runs"] == [2.0, 2.2, 2.1] and rows["add_rms_norm"]["plan_ms"] == 2.1
+    assert rows["add_rms_norm"]["without_ms_runs"] == [2.5, 2.9] and rows["add_rms_norm"]["without_ms"] == 2.7
+    assert rows["add_rms_norm"]["measured_saving_ms"] == pytest.approx(0.6)
+    assert rows["rope"]["without_ms_runs"] == [2.4] and rows["rope"]["repeat_errors"] == ["RuntimeError: flaky"]
+
+    times = {(): iter([3.0, 3.1, 3.2]), ("rope",): iter([2.8, 2.6])}
+    (row,) = [r for r in alone_rows(512, Plan(("rope",), cuda_graph=True), time_plan, repeats=2)]
+    assert row["with_ms_runs"] == [2.8, 2.6] and row["with_ms"] == pytest.approx(2.7)
+    assert row["unfused_ms"] == 3.1 and row["measured_saving_ms"] == pytest.approx(0.4)

@@ -255,6 +255,12 @@ class Accuracy:
         return None if self.error is None else abs(self.error) <= tolerance
 
 
+def _noise(baseline: list | None, row: list | None) -> float | None:
+    """The larger spread of the baseline's timings and the row's own (repeats)."""
+    spreads = [s for s in (_spread(baseline), _spread(row)) if s is not None]
+    return max(spreads) if spreads else None
+
+
 def _spread(runs: list | None) -> float | None:
     runs = [r for r in runs or [] if _num(r) is not None]
     return max(runs) - min(runs) if len(runs) > 1 else None
@@ -274,7 +280,8 @@ def accuracy(analysis: dict, bench: dict | None) -> list[Accuracy]:
                 args = (row, cands[fam], ceilings, kernel_us)
                 out.append(Accuracy(length, fam, ALONE, alone_prediction(*args, cands=cands),
                                     alone_prediction(*args, warm=True, cands=cands),
-                                    _num(row.get("measured_saving_ms")), _spread(row.get("unfused_ms_runs")),
+                                    _num(row.get("measured_saving_ms")),
+                                    _noise(row.get("unfused_ms_runs"), row.get("with_ms_runs")),
                                     row.get("sites")))
         ablated = ablation_at(bench, length)
         graphs = CUDA_GRAPH in ablated
@@ -285,6 +292,7 @@ def accuracy(analysis: dict, bench: dict | None) -> list[Accuracy]:
                 out.append(Accuracy(length, fam, LEAVE_ONE_OUT, leave_one_out_prediction(*args, plan=plan),
                                     leave_one_out_prediction(*args, warm=True, plan=plan),
                                     _num(row.get("measured_saving_ms")),
-                                    _spread([*(row.get("plan_ms_runs") or []), row.get("recipe_ms")]),
+                                    _noise([*(row.get("plan_ms_runs") or []), row.get("recipe_ms")],
+                                           row.get("without_ms_runs")),
                                     row.get("sites_in_plan")))
     return out
