@@ -142,3 +142,22 @@ def test_the_recipes_own_row_counts_in_a_leave_one_outs_noise():
     out = io.StringIO()
     render_accuracy([missed], Console(file=out, width=200))
     assert "0 of 1 families within ±25%; 1 more miss by less than the measurement's noise" in out.getvalue()
+
+
+def test_a_merge_that_holds_no_site_merges_nothing_and_an_old_alone_row_pays_the_penalty():
+    from advisor.report.accuracy import alone_prediction, plan_families
+    cands = {c["family"]: c for c in MERGED["shapes"][0]["candidates"]}
+    ablated = {"gate_up_merge": {"same_graph": True, "sites_in_plan": 0}, "gated_act": {"sites_in_plan": 2},
+               "cuda_graph": {}}
+    assert plan_families(ablated, cands) == {"gated_act"}
+    bench = json.loads(json.dumps(MERGED_BENCH))
+    bench["ablation"][0] = {"shape": 512, "removed": "gate_up_merge", "sites_in_plan": 0, "same_graph": True,
+                            "measured_saving_ms": 0.0}
+    gated = next(r for r in accuracy(MERGED, bench) if r.family == "gated_act" and r.source == LEAVE_ONE_OUT)
+    assert gated.predicted_ms == pytest.approx(0.08)  # no merge ran: contiguous gate/up
+    merge = cands["gate_up_merge"]
+    graphs = {"graph_launch_us": 1.0, "copy_gbps": 3000.0}
+    old = {"shape": 512, "family": "gate_up_merge", "cuda_graph": True}  # no applied_sites (before session 20)
+    assert alone_prediction(old, merge, graphs, None, cands=cands) == pytest.approx(0.2 - 0.18)
+    half = {**old, "applied_sites": ["l0.mlp"]}  # one of two sites applied: half the readers pay
+    assert alone_prediction(half, merge, graphs, None, cands=cands) == pytest.approx(0.1 - 0.09)

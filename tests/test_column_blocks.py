@@ -103,3 +103,49 @@ def test_block_readers_are_timed_again_and_priced(matches, monkeypatch):
     gated = cands["gated_act"]
     assert gated.site_sliced[0] == s and len(gated.site_sliced) == gated.count
     assert all(x is None for x in cands["add_rms_norm"].site_sliced)
+
+
+def test_readers_name_the_blocks_they_read_so_overlapping_families_meet(matches):
+    """RoPE reads q's and k's blocks, attention v's, attention with RoPE all three: named by
+    the block itself (graph, merged result, first column), not by the view that reads it."""
+    facts = site_probe.GraphFacts(column_blocks(matches))
+    layer0 = {}  # each family's first site: layer 0's (RoPE's sites share one module name)
+    for m in matches:
+        if m.family in ("rope", "attention", "attention_rope"):
+            layer0.setdefault(m.family, m)
+    t = site_probe.SiteTiming(2.0, 1.0, sliced_unfused_ms=2.5, sliced_fused_ms=1.2)
+    probe = site_probe.SiteProbe({site_probe.probe_key(m, facts): t for m in layer0.values()}, {}, facts)
+    reads = {f: set(probe.sliced(m).reads) for f, m in layer0.items()}
+    assert reads["rope"] | reads["attention"] == reads["attention_rope"] and len(reads["attention_rope"]) == 3
+    assert not reads["rope"] & reads["attention"]
+    assert probe.sliced(layer0["rope"]).unfused_penalty_ms == pytest.approx(0.5)
+
+
+def test_a_block_that_cannot_be_read_leaves_the_cold_timing(matches, monkeypatch):
+    m = _site(matches, "gated_act")
+    facts = site_probe.GraphFacts(column_blocks(matches))
+    monkeypatch.setattr(site_probe, "device_ms", lambda run, device: 1.0)
+    monkeypatch.setattr(site_probe, "copies_past_l2", lambda b, d: 1)
+    monkeypatch.setattr(site_probe, "activations", lambda inputs, args, bases: [])
+
+    def broken(*args):
+        raise RuntimeError("view size is not compatible with input tensor's size and stride")
+    monkeypatch.setattr(site_probe, "_in_blocks", broken)
+    t = site_probe.time_site(m, torch.device("cuda"), facts=facts)
+    assert (t.unfused_ms, t.fused_ms, t.sliced_saving_ms) == (1.0, 1.0, None)
+
+
+def test_only_views_are_replayed_on_a_block():
+    from torch import fx
+    g = fx.Graph()
+    x = g.placeholder("x")
+    mm = g.call_function(torch.ops.aten.mm.default, (x, x))
+    v = g.call_function(torch.ops.aten.view.default, (mm, [4, 2]))
+    t = g.call_function(torch.ops.aten.t.default, (v,))
+    written = g.call_function(torch.ops.aten.mul_.Tensor, (mm, 2.0))
+    restrided = g.call_function(torch.ops.aten.as_strided.default, (mm, [2, 4], [4, 1]))
+    g.output((t, written, restrided))
+    bases = storage_bases(g)
+    from advisor.graph.cse import view_chain
+    assert bases[t] is mm and view_chain(t, mm) == [v, t] and view_chain(mm, mm) == []
+    assert view_chain(written, mm) is None and view_chain(restrided, mm) is None

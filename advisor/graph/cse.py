@@ -89,6 +89,9 @@ def storage_bases(graph: fx.Graph) -> dict[fx.Node, fx.Node]:
     return base
 
 
+_RESTRIDES = {torch.ops.aten.as_strided.default}
+
+
 def view_chain(node: fx.Node, base: fx.Node) -> list[fx.Node] | None:
     """The views from `base` (its storage base, `storage_bases`) to `node`, in the order they
     run (`node` last; [] when `node` is `base`): each returns part of the one before. None
@@ -96,7 +99,10 @@ def view_chain(node: fx.Node, base: fx.Node) -> list[fx.Node] | None:
     chain = []
     while node is not base:
         src = node.args[0] if node.target is operator.getitem and node.args else _aliased_arg(node)
-        if not isinstance(src, fx.Node):
+        # an in-place op or `out=` returns its argument too, and as_strided keeps the
+        # captured strides whatever it reads: neither is a view to replay elsewhere
+        if (not isinstance(src, fx.Node) or node.target in _RESTRIDES
+                or (_is_overload(node) and node.target._schema.is_mutable)):
             return None
         chain.append(node)
         node = src

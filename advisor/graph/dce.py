@@ -21,6 +21,10 @@ def removable(node: fx.Node) -> bool:
     """Nobody reads `node` and running it has no effect but its (random) result."""
     if node.op != "call_function" or node.users:
         return False
+    try:
+        return not node.is_impure(impure_random=False)
+    except TypeError:  # a torch whose is_impure takes no argument (before ~2.9)
+        pass
     target = node.target
     if (isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable
             and torch.Tag.nondeterministic_seeded in target.tags):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -214,25 +215,58 @@ def getattr_path(graph: fx.Graph, target: str) -> Any:
     return obj
 
 
-def memoize_shape_only(gm: fx.GraphModule) -> int:
-    """Replace `gm`'s shape-only region by one `ShapeMemo` call (in place); returns the
-    launches it takes off every call after the first (0: nothing changed)."""
-    graph = gm.graph
-    region = shape_only_region(graph)
+@dataclass(frozen=True)
+class _Memo:
+    """What `memoize_shape_only` cuts out: the region's nodes the frontier needs, the
+    integers they read, the frontier, its sub-graph, the launches saved, and the node
+    before which the memo's call goes."""
+
+    nodes: list[fx.Node]
+    ints: list[fx.Node]
+    frontier: list[fx.Node]
+    sub: fx.Graph
+    saved: int
+    first_user: fx.Node
+
+
+def _memo_of(graph: fx.Graph, region: dict[fx.Node, None]) -> _Memo | None:
+    """The memo `memoize_shape_only` would build, or None where it builds none."""
     frontier = [n for n in region if n.op != "get_attr" and isinstance(n.meta.get("val"), torch.Tensor)
                 and any(u not in region for u in n.users)]
     if not frontier:
-        return 0
+        return None
     nodes, ints, sub = _cut(region, frontier)
     saved = sum(launches(n) for n in nodes if n.op == "call_function")
     if saved == 0:
-        return 0
+        return None
     order = {n: i for i, n in enumerate(graph.nodes)}
     needed = set(nodes)
     first_user = min((u for n in frontier for u in n.users if u not in needed),
                      key=order.__getitem__)
     if ints and order[ints[-1]] >= order[first_user]:
-        return 0  # an integer is computed after a frontier value is first read: keep as is
+        return None  # an integer is computed after a frontier value is first read: keep as is
+    return _Memo(nodes, ints, frontier, sub, saved, first_user)
+
+
+def memoized_region(graph: fx.Graph) -> dict[fx.Node, None]:
+    """The shape-only nodes the runtime computes once per length (`memoize_shape_only`):
+    the region, or nothing where it builds no memo. Values past the memo's byte budget
+    are still recomputed each call: a caller pricing a site checks its own bytes."""
+    region = shape_only_region(graph)
+    memo = _memo_of(graph, region)
+    return {n: None for n in memo.nodes} if memo is not None else {}
+
+
+def memoize_shape_only(gm: fx.GraphModule) -> int:
+    """Replace `gm`'s shape-only region by one `ShapeMemo` call (in place); returns the
+    launches it takes off every call after the first (0: nothing changed)."""
+    graph = gm.graph
+    plan = _memo_of(graph, shape_only_region(graph))
+    if plan is None:
+        return 0
+    nodes, ints, frontier, sub, saved, first_user = (plan.nodes, plan.ints, plan.frontier, plan.sub,
+                                                     plan.saved, plan.first_user)
+    needed = set(nodes)
     memo = ShapeMemo(fx.GraphModule(gm, sub), len(frontier), saved)
     with graph.inserting_before(first_user):
         call = graph.call_function(memo, tuple(ints))

@@ -50,9 +50,11 @@ def alone_at(bench: dict | None, length: int) -> dict[str, dict]:
 
 
 def plan_families(ablated: dict[str, dict], cands: dict[str, dict]) -> set[str]:
-    """The families of the plan a leave-one-out bench ablated (its rows; the plan's flags,
-    CUDA graphs and PDL, are not candidates)."""
-    return {f for f in ablated if f in cands}
+    """The families of the plan a leave-one-out bench ablated that hold sites in it (a
+    family that applied none, `same_graph`, merges nothing and fuses no reader; the
+    plan's flags, CUDA graphs and PDL, are not candidates)."""
+    return {f for f, r in ablated.items()
+            if f in cands and not r.get("same_graph") and r.get("sites_in_plan") != 0}
 
 
 SMALL_KERNEL_BYTES = 1 << 20  # kernels moving less than this cost their fixed time alone
@@ -197,11 +199,14 @@ def alone_prediction(row: dict, c: dict, ceilings: dict | None, kernel_us: float
     what its blocks cost the (unfused) sites reading them, given the analysis's `cands`."""
     fam = str(row.get("family"))
     p = price(c, ceilings, kernel_us, bool(row.get(CUDA_GRAPH)), warm)
-    if p is None or "applied_sites" not in row:
+    if p is None:
         return p
-    # a merge alone: its blocks are read by the unfused model
+    # a merge alone: the unfused model reads its blocks (at the share of its sites applied)
     penalty = readers_penalty(cands, fam, {fam}, set()) if cands is not None else 0.0
-    return sum(_site_price(c, p, m) for m in row["applied_sites"]) - penalty
+    if "applied_sites" not in row:
+        return p - penalty
+    share = len(row["applied_sites"]) / c["count"] if c.get("count") else 1.0
+    return sum(_site_price(c, p, m) for m in row["applied_sites"]) - penalty * share
 
 
 def leave_one_out_prediction(row: dict, cands: dict[str, dict], ceilings: dict | None,

@@ -57,7 +57,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from advisor.errors import one_line
 from advisor.graph.candidates import Sliced
 from advisor.graph.capture import fake, hint
-from advisor.graph.cse import storage_bases
+from advisor.graph.cse import storage_bases, view_chain
 from advisor.graph.dce import eliminate_dead
 from advisor.graph.match import Match
 from advisor.graph.shape_only import shape_only_key, shape_only_region, shape_only_value
@@ -107,6 +107,7 @@ class GraphFacts:
 
     def __init__(self, blocks: dict[fx.Node, ColumnBlock] | None = None) -> None:
         self.blocks = blocks or {}
+        self._indices: dict[fx.Graph, int] = {}
         self._regions: dict[fx.Graph, dict[fx.Node, None]] = {}
         self._keys: dict[fx.Graph, dict[fx.Node, Any]] = {}
         self._bases: dict[fx.Graph, dict[fx.Node, fx.Node]] = {}
@@ -124,6 +125,11 @@ class GraphFacts:
             self._bases[graph] = storage_bases(graph)
         return self._bases[graph]
 
+    def graph_index(self, graph: fx.Graph) -> int:
+        """A number per graph, in the order they are first asked for (node names repeat
+        across the parts of one capture)."""
+        return self._indices.setdefault(graph, len(self._indices))
+
     def blocks_read(self, inputs: list[fx.Node]) -> dict[int, ColumnBlock]:
         if not inputs or not self.blocks:
             return {}
@@ -131,13 +137,16 @@ class GraphFacts:
 
 
 def probe_key(m: Match, facts: GraphFacts) -> tuple:
-    """Sites timed alike: the site signature, and how the kept inputs it reads are built (a
+    """Sites timed alike: the site signature, how the kept inputs it reads are built (a
     model whose layers alternate a causal and a sliding-window mask of one shape has two
-    kinds of site; a decoder's per-layer copies of one mask, one)."""
+    kinds of site; a decoder's per-layer copies of one mask, one), and which inputs are
+    merges' column blocks, where, and through which views (runtime/column_blocks.py)."""
     inputs = m.external_inputs()
     region = facts.region(inputs[0].graph) if inputs else {}
     kept = tuple(facts.key(inputs[i]) for i in kept_inputs(inputs, region))
-    blocks = tuple((i, b.width, b.start) for i, b in facts.blocks_read(inputs).items())
+    bases = facts.bases(inputs[0].graph) if inputs else {}
+    blocks = tuple((i, b.width, b.start, tuple(str(v.target) for v in view_chain(n, bases[n]) or ()))
+                   for i, b in facts.blocks_read(inputs).items() for n in [inputs[i]])
     return (*site_signature(m, DEFAULT_CONFIG), kept, blocks)
 
 
@@ -161,11 +170,11 @@ class SiteProbe:
         t = self.timings.get(probe_key(m, self.facts))
         if t is None or t.sliced_saving_ms is None or t.sliced_unfused_ms is None:
             return None
-        inputs = m.external_inputs()
-        read = self.facts.blocks_read(inputs)
+        read = self.facts.blocks_read(m.external_inputs()).values()
+        part = self.facts.graph_index(m.nodes[0].graph)
         return Sliced(t.sliced_saving_ms, t.sliced_unfused_ms - t.unfused_ms,
-                      tuple(sorted({f for b in read.values() for f in b.by})),
-                      tuple(sorted(inputs[i].name for i in read)))
+                      tuple(sorted({f for b in read for f in b.by})),
+                      tuple(sorted({f"{part}:{b.group}:{b.start}" for b in read})))
 
     def reason(self, m: Match) -> str:
         """Why `m` has no timing ("" when it has one; "not probed" when never seen)."""
@@ -256,7 +265,8 @@ def spellings(m: Match, region: dict[fx.Node, None]) -> tuple[fx.GraphModule, fx
 def time_site(m: Match, device: torch.device | str, seed: int = 0,
               facts: GraphFacts | None = None) -> SiteTiming:
     """Device ms per site of the captured subgraph and of the fused op, cold and (CUDA)
-    warm (module doc); a warm timing that fails leaves the cold one standing. A kept
+    warm and reading merges' column blocks where it does (module doc); a variant that
+    fails leaves the cold timing standing. A kept
     input whose value cannot be computed fails the site (no random mask in its place)."""
     device = torch.device(device)
     facts = facts or GraphFacts()
