@@ -62,7 +62,7 @@ bench)
     --compile ${BENCH_COMPILE:-default,reduce-overhead} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?" >> "$OUT/bench.log"; tail -40 "$OUT/bench.log" ;;
 ablate)
-  timeout ${ABLATE_S:-400} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes ${ABLATE_SHAPES:-1,512} \
+  timeout ${ABLATE_S:-$(( 400 * ${REPEATS:-1} ))} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes ${ABLATE_SHAPES:-1,512} \
     --compile none --ablate --repeats ${REPEATS:-1} --json "$OUT/ablate.json" > "$OUT/ablate.log" 2>&1
   echo "ablate rc=$?" >> "$OUT/ablate.log"
   tail -40 "$OUT/ablate.log" ;;  # then, here: advisor report --analysis … --bench ablate.json
@@ -70,7 +70,7 @@ predict)
   timeout ${ANALYZE_S:-200} python3 -m advisor.cli analyze $model --shapes ${PREDICT_SHAPES:-1,512} \
     --json "$OUT/analysis.json" > "$OUT/analyze.log" 2>&1
   echo "analyze rc=$?" >> "$OUT/analyze.log"; tail -2 "$OUT/analyze.log"
-  timeout ${ALONE_S:-330} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes ${PREDICT_SHAPES:-1,512} \
+  timeout ${ALONE_S:-$(( 330 * ${REPEATS:-1} ))} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes ${PREDICT_SHAPES:-1,512} \
     --compile none --alone ${PREDICT_ABLATE:+--ablate} --repeats ${REPEATS:-1} --json "$OUT/alone.json" \
     > "$OUT/alone.log" 2>&1
   echo "alone rc=$?" >> "$OUT/alone.log"; tail -3 "$OUT/alone.log"

@@ -68,6 +68,14 @@ def test_sites_computed_once_per_length_are_not_candidates():
     assert _families(FromPositions(), (torch.randn(2, 5, 12), torch.arange(5)[None].expand(2, 5)))["rope_table"] == 1
 
 
+def test_a_table_too_large_to_keep_is_a_candidate(monkeypatch):
+    """Past the memo's byte budget the runtime keeps nothing and recomputes the table each
+    call: the fusion saves launches there."""
+    import advisor.graph.shape_only as so
+    monkeypatch.setattr(so, "MEMO_BYTES", 64)  # the (1, 5, 12) fp32 cos and sin tables: 480 bytes
+    assert _families(_RotaryFromSizes(), (torch.randn(2, 5, 12),)).get("rope_table") == 1
+
+
 def test_candidates_are_priced_and_ranked():
     mf = load_model_file("examples/tiny_llama.py")
     model = build(mf, torch.device("cpu"), torch.float32)

@@ -23,18 +23,18 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from advisor.graph.capture import Captured, nbytes
+from advisor.graph.capture import Captured
 from advisor.graph.match import Match
 from advisor.graph.patterns import find_all
-from advisor.graph.shape_only import MEMO_BYTES, memoized_region
+from advisor.graph.shape_only import memoized_region
 
 
 @dataclass(frozen=True)
 class Sliced:
     """A site whose inputs a merge turns into column blocks (runtime/column_blocks.py), for the report:
     its saving reading them so, what its unfused spelling pays for it (sliced − contiguous
-    unfused ms), the families producing the blocks and the blocks it reads ("part:GEMM
-    output:first column": RoPE reads q's and k's, attention v's, attention with RoPE all
+    unfused ms), the families producing the blocks and the blocks it reads ("graph part:GEMM
+    output": RoPE reads q's and k's, attention v's, attention with RoPE all
     three, so two families' sites are one reader where their blocks meet)."""
 
     saving_ms: float
@@ -79,8 +79,8 @@ class Costs:
 def matches_of(captured: Captured) -> list[Match]:
     """Every site of the captured graphs, less those the runtime computes once per length
     whether fused or not (all their own nodes in the memoised shape-only region,
-    graph/shape_only.py: a RoPE table built from `arange` in forward, small enough to
-    keep): no forward after the first runs them."""
+    graph/shape_only.py `memoized_region`: a RoPE table built from `arange` in forward):
+    no forward after the first runs them."""
     out = []
     for part in captured.parts:
         region = memoized_region(part.gm.graph)
@@ -90,8 +90,7 @@ def matches_of(captured: Captured) -> list[Match]:
 
 def _computed_once(m: Match, region: dict) -> bool:
     own = [n for n in m.nodes if n not in m.shared and n.op == "call_function"]
-    kept = sum(nbytes(n) for n in m.outputs.values())
-    return bool(own) and all(n in region for n in own) and kept <= MEMO_BYTES
+    return bool(own) and all(n in region for n in own)
 
 
 def price(launches_removed: int, bytes_avoided: int, costs: Costs) -> float:

@@ -250,11 +250,19 @@ def _memo_of(graph: fx.Graph, region: dict[fx.Node, None]) -> _Memo | None:
 
 def memoized_region(graph: fx.Graph) -> dict[fx.Node, None]:
     """The shape-only nodes the runtime computes once per length (`memoize_shape_only`):
-    the region, or nothing where it builds no memo. Values past the memo's byte budget
-    are still recomputed each call: a caller pricing a site checks its own bytes."""
+    the region, or nothing where it builds no memo or its outputs together are past the
+    byte budget (then `ShapeMemo` keeps none of them and they are recomputed each call)."""
     region = shape_only_region(graph)
     memo = _memo_of(graph, region)
-    return {n: None for n in memo.nodes} if memo is not None else {}
+    if memo is None or sum(_storage_bytes(n) for n in memo.frontier) > MEMO_BYTES:
+        return {}
+    return {n: None for n in memo.nodes}
+
+
+def _storage_bytes(node: fx.Node) -> int:
+    """What keeping the node's value holds (its storage: an expanded view is its base)."""
+    t = node.meta.get("val")
+    return hint(t.untyped_storage().nbytes()) if isinstance(t, torch.Tensor) else 0
 
 
 def memoize_shape_only(gm: fx.GraphModule) -> int:

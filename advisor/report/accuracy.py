@@ -18,9 +18,10 @@ gated_act saved 0.074 ms alone and 0.249 ms inside the plan at 512 tokens, the g
 merge −0.051 alone and +0.095 inside it.
 
 Each comparison is an `Accuracy` row; `error` = (predicted − measured) / |measured|. The
-measurement's own noise is the spread of its baseline's timings: the unfused model before
-and after the alone rows; the plan before and after the leave-one-outs, and the recipe's
-own row (another apply of the same plan in the same process). That last one matters: on an
+measurement's own noise is the larger of the spread of its baseline's timings (the
+unfused model before and after the alone rows; the plan before and after the
+leave-one-outs, and the recipe's own row: another apply of the same plan in the same
+process) and the spread of the row's own timings (`bench --repeats`). That last one matters: on an
 H100 (session 21, 512 tokens) the plan's two timings agreed within 6 µs while the recipe's
 row differed from them by 52 µs, and the leave-one-outs of that run all read ~50 µs low.
 A miss within the noise (`within_noise`) cannot be told from a wrong model.
@@ -241,7 +242,7 @@ class Accuracy:
     predicted_ms: float | None
     warm_ms: float | None        # the same with the probes' warm variant
     measured_ms: float | None
-    noise_ms: float | None       # spread of the measurement's baseline timings
+    noise_ms: float | None       # larger spread of the baseline's timings and the row's own
     sites: int | None
 
     def within_noise(self) -> bool | None:

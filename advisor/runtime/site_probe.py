@@ -170,11 +170,12 @@ class SiteProbe:
         t = self.timings.get(probe_key(m, self.facts))
         if t is None or t.sliced_saving_ms is None or t.sliced_unfused_ms is None:
             return None
-        read = self.facts.blocks_read(m.external_inputs()).values()
-        part = self.facts.graph_index(m.nodes[0].graph)
+        inputs = m.external_inputs()
+        read = self.facts.blocks_read(inputs)
+        part, bases = self.facts.graph_index(m.nodes[0].graph), self.facts.bases(m.nodes[0].graph)
         return Sliced(t.sliced_saving_ms, t.sliced_unfused_ms - t.unfused_ms,
-                      tuple(sorted({f for b in read for f in b.by})),
-                      tuple(sorted({f"{part}:{b.group}:{b.start}" for b in read})))
+                      tuple(sorted({f for b in read.values() for f in b.by})),
+                      tuple(sorted({f"{part}:{bases[inputs[i]].name}" for i in read})))
 
     def reason(self, m: Match) -> str:
         """Why `m` has no timing ("" when it has one; "not probed" when never seen)."""
