@@ -269,13 +269,12 @@ def memoize_shape_only(gm: fx.GraphModule) -> int:
     """Replace `gm`'s shape-only region by one `ShapeMemo` call (in place); returns the
     launches it takes off every call after the first (0: nothing changed)."""
     graph = gm.graph
-    plan = _memo_of(graph, shape_only_region(graph))
-    if plan is None:
+    cut = _memo_of(graph, shape_only_region(graph))
+    if cut is None:
         return 0
-    nodes, ints, frontier, sub, saved, first_user = (plan.nodes, plan.ints, plan.frontier, plan.sub,
-                                                     plan.saved, plan.first_user)
+    nodes, ints, frontier, first_user = cut.nodes, cut.ints, cut.frontier, cut.first_user
     needed = set(nodes)
-    memo = ShapeMemo(fx.GraphModule(gm, sub), len(frontier), saved)
+    memo = ShapeMemo(fx.GraphModule(gm, cut.sub), len(frontier), cut.saved)
     with graph.inserting_before(first_user):
         call = graph.call_function(memo, tuple(ints))
         call.meta["val"] = tuple(n.meta["val"] for n in frontier)
@@ -288,4 +287,4 @@ def memoize_shape_only(gm: fx.GraphModule) -> int:
             graph.erase_node(n)
     graph.lint()
     gm.recompile()
-    return saved
+    return cut.saved

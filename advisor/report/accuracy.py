@@ -144,7 +144,8 @@ def readers_penalty(cands: dict[str, dict], producer: str, plan: set[str], still
         if f not in plan:
             total += b["unfused_penalty_ms"]
             continue
-        own = (cands[f].get("site_savings_ms") or [None] * (i + 1))[i]
+        each = cands[f].get("site_savings_ms") or []
+        own = each[i] if i < len(each) else None
         if own is not None:  # fused on blocks − fused = unfused penalty − the saving's change
             total += b["unfused_penalty_ms"] - (b["saving_ms"] - own)
     return total

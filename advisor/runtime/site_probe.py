@@ -46,7 +46,7 @@ interpreter), and a site whose emit or kernel fails.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,7 @@ from advisor.graph.dce import eliminate_dead
 from advisor.graph.match import Match
 from advisor.graph.shape_only import shape_only_key, shape_only_region, shape_only_value
 from advisor.kernels.registry import all_kernels
+from advisor.kernels.testing import randn_nonzero
 from advisor.profile.merge_probe import MERGE_KERNEL
 from advisor.profile.replay import CaptureFailed, copies_past_l2, device_ms
 from advisor.runtime.causal_sdpa import read_marked_masks
@@ -71,6 +72,9 @@ from advisor.runtime.emit import emit
 from advisor.runtime.rewrite import Generators, extract, random_like, site_signature
 
 DEFAULT_CONFIG = ""  # the registry's default config for the site's problem
+
+
+Pair = tuple[float | None, float | None]  # (unfused, fused) ms of a probe variant
 
 
 @dataclass(frozen=True)
@@ -285,9 +289,9 @@ def time_site(m: Match, device: torch.device | str, seed: int = 0,
         warm = [[_span(args[i]) for i in activations(inputs, args, facts.bases(graph)) if i not in kept]
                 for args in sets]
 
-        def over(gm: torch.fx.GraphModule | None, touch: bool = False):
+        def over(gm: torch.fx.GraphModule | None, touch: bool = False, runs: list[list[Any]] = sets):
             def run() -> None:
-                for args, reads in zip(sets, warm):
+                for args, reads in zip(runs, warm):
                     for t in reads if touch else ():
                         t.sum()  # read once: in L2 for the site (module doc)
                     if gm is not None:
@@ -297,51 +301,48 @@ def time_site(m: Match, device: torch.device | str, seed: int = 0,
         fused = device_ms(over(fused_gm), device) / len(sets)
         if device.type != "cuda":
             return SiteTiming(unfused, fused)
-        warm_ms: tuple[float | None, float | None] = (None, None)
-        sliced_ms: tuple[float | None, float | None] = (None, None)
-        try:  # a failing variant leaves the cold timing standing
-            if warm[0]:
-                touch = device_ms(over(None, True), device)
-                warm_ms = ((device_ms(over(ref_gm, True), device) - touch) / len(sets),
-                           (device_ms(over(fused_gm, True), device) - touch) / len(sets))
-        except CaptureFailed:  # the device may be unusable: stop probing (probe_sites)
-            raise
-        except Exception:  # noqa: BLE001
-            pass
-        try:
+
+        def warm_ms() -> Pair:
+            if not warm[0]:
+                return None, None
+            touch = device_ms(over(None, True), device)
+            return ((device_ms(over(ref_gm, True), device) - touch) / len(sets),
+                    (device_ms(over(fused_gm, True), device) - touch) / len(sets))
+
+        def sliced_ms() -> Pair:
             blocks = facts.blocks_read(inputs)
-            if blocks:
-                in_blocks = _in_blocks(inputs, sets, blocks, facts.bases(graph), seed + 2)
-                sliced_ms = (device_ms(_runner(ref_gm, in_blocks), device) / len(sets),
-                             device_ms(_runner(fused_gm, in_blocks), device) / len(sets))
-        except CaptureFailed:
-            raise
-        except Exception:  # noqa: BLE001
-            pass
-        return SiteTiming(unfused, fused, *warm_ms, *sliced_ms)
+            if not blocks:
+                return None, None
+            runs = _in_blocks(inputs, sets, blocks, facts.bases(graph), seed + 2)
+            return (device_ms(over(ref_gm, runs=runs), device) / len(sets),
+                    device_ms(over(fused_gm, runs=runs), device) / len(sets))
+        return SiteTiming(unfused, fused, *_or_untimed(warm_ms), *_or_untimed(sliced_ms))
 
 
-def _runner(gm: fx.GraphModule, sets: list[list[Any]]):
-    def run() -> None:
-        for args in sets:
-            gm(*args)
-    return run
+def _or_untimed(variant: Callable[[], Pair]) -> Pair:
+    """A variant's (unfused, fused) timing; (None, None) where it fails: the cold timing
+    stands without it. A failed capture is raised (the device may be unusable: probe_sites
+    stops probing)."""
+    try:
+        return variant()
+    except CaptureFailed:
+        raise
+    except Exception:  # noqa: BLE001
+        return None, None
 
 
 def _in_blocks(inputs: list[fx.Node], sets: list[list[Any]], blocks: dict[int, ColumnBlock],
                bases: dict[fx.Node, fx.Node], seed: int) -> list[list[Any]]:
     """`sets` with the inputs in `blocks` read from column blocks: per set, one random
     (M, width) buffer per merged result (q and k of one QKV merge share one)."""
-    out = []
-    for k, args in enumerate(sets):
+    gen, out = Generators(seed), []
+    for args in sets:
         args, buffers = list(args), {}
         for i, b in blocks.items():
             if b.group not in buffers:
-                t = args[i]
-                gen = torch.Generator(device=t.device).manual_seed(seed + k)
-                rows = fake(bases[inputs[i]]).shape[0]
-                buffers[b.group] = torch.randn((hint(rows), b.width), generator=gen, device=t.device,
-                                               dtype=torch.float32).to(t.dtype)
+                rows = hint(fake(bases[inputs[i]]).shape[0])
+                buffers[b.group] = randn_nonzero((rows, b.width), args[i].dtype, args[i].device,
+                                                 gen.on(args[i].device))
             args[i] = as_in_block(inputs[i], bases[inputs[i]], b, buffers[b.group])
         out.append(args)
     return out
