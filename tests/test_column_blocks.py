@@ -77,16 +77,16 @@ def test_a_block_read_through_the_graph_views_has_the_values_and_the_merged_stri
 
 
 def test_block_readers_are_timed_again_and_priced(matches, monkeypatch):
-    """On CUDA (device_ms stubbed: runs counted) a block reader gets a second timing; its
-    candidate carries the saving and the unfused spelling's penalty per site."""
+    """On CUDA (spellings_ms stubbed: calls counted) a block reader gets a second timing;
+    its candidate carries the saving and the unfused spelling's penalty per site."""
     m = _site(matches, "gated_act")
     facts = site_probe.GraphFacts(column_blocks(matches))
     calls = []
 
-    def fake_ms(run, device):
-        calls.append(run)
-        return {1: 10.0, 2: 4.0, 3: 16.0, 4: 6.0}[len(calls)]  # unfused, fused, in blocks: both
-    monkeypatch.setattr(site_probe, "device_ms", fake_ms)
+    def fake_ms(runs, device):
+        calls.append(runs)
+        return {1: [10.0, 4.0], 2: [16.0, 6.0]}[len(calls)]  # (unfused, fused), in blocks
+    monkeypatch.setattr(site_probe, "spellings_ms", fake_ms)
     monkeypatch.setattr(site_probe, "copies_past_l2", lambda b, d: 2)
     monkeypatch.setattr(site_probe, "activations", lambda inputs, args, bases: [])  # no warm timing
     monkeypatch.setattr(site_probe, "_in_blocks", lambda inputs, sets, blocks, bases, seed: sets)
@@ -124,7 +124,7 @@ def test_readers_name_the_blocks_they_read_so_overlapping_families_meet(matches)
 def test_a_block_that_cannot_be_read_leaves_the_cold_timing(matches, monkeypatch):
     m = _site(matches, "gated_act")
     facts = site_probe.GraphFacts(column_blocks(matches))
-    monkeypatch.setattr(site_probe, "device_ms", lambda run, device: 1.0)
+    monkeypatch.setattr(site_probe, "spellings_ms", lambda runs, device: [1.0] * len(runs))
     monkeypatch.setattr(site_probe, "copies_past_l2", lambda b, d: 1)
     monkeypatch.setattr(site_probe, "activations", lambda inputs, args, bases: [])
 

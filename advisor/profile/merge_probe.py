@@ -10,10 +10,11 @@ analyzer times both spellings of each distinct merge shape on the analysis devic
     merged_ms   = device time of  x·[W_1; …; W_n]ᵀ    (one call)
 
 x: (M, K) with M = the site's rows; W_i: (N_i, K), the site's dtype; with bias when the
-site has one. Each spelling runs over enough distinct weight copies to exceed twice the L2, in one
-CUDA graph (profile/replay.py): the saving is what a CUDA-graph replay of the model
-gains, the launch gap and ramp of the removed kernels included. On the CPU: perf_counter
-over the same op list (tests; CPU analyses).
+site has one. Each spelling runs over enough distinct weight copies to exceed twice the
+L2, in one CUDA graph per spelling, the two replayed in turn (profile/replay.py): the
+saving is what a CUDA-graph replay of the model gains, the launch gap and ramp of the
+removed kernels included. On the CPU: perf_counter over the same op list (tests; CPU
+analyses).
 
 Shapes are probed once (every layer of a decoder shares them); weights are random
 tensors of the site's shapes and dtype (values do not move a GEMM's time).
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 
 from advisor.graph.capture import fake
 from advisor.graph.match import Match
-from advisor.profile.replay import CaptureFailed, copies_past_l2, device_ms
+from advisor.profile.replay import CaptureFailed, copies_past_l2, spellings_ms
 
 MERGE_KERNEL = "merged_linear"
 
@@ -98,13 +99,11 @@ def time_merge(s: MergeShape, device: torch.device | str) -> MergeTiming:
     set_bytes = s.k * sum(s.ns) * torch.empty((), dtype=s.dtype).element_size()
     copies = copies_past_l2(set_bytes, device)
     x = torch.randn(s.m, s.k, device=device, dtype=torch.float32).to(s.dtype)  # (M, K)
-    timer = lambda run: device_ms(run, device)  # noqa: E731
     with torch.no_grad():
-        sets = _weights(s, copies, device)
-        separate_ms = timer(_linears(x, sets)) / copies
-        sets = [_concatenated(members) for members in sets]  # the separate copies freed here
-        merged_ms = timer(_linears(x, sets)) / copies
-    return MergeTiming(separate_ms, merged_ms)
+        separate = _weights(s, copies, device)
+        merged = [_concatenated(members) for members in separate]
+        separate_ms, merged_ms = spellings_ms([_linears(x, separate), _linears(x, merged)], device)
+    return MergeTiming(separate_ms / copies, merged_ms / copies)
 
 
 def probe_merges(matches: Iterable[Match], device: torch.device | str) -> dict[MergeShape, MergeTiming]:

@@ -4,7 +4,11 @@ Used by the analysis probes (merge_probe, runtime/site_probe): each runs one spe
 a site over enough distinct input copies to exceed twice the L2 (every layer reads its
 own weights and activations; a replay of one copy would time L2 hits), captured in one
 CUDA graph and replayed between CUDA events. Launch gaps and ramps of the kernels are
-included, as in a captured forward. On the CPU: perf_counter (tests, CPU analyses).
+included, as in a captured forward. The spellings of one site are replayed in turn
+(`spellings_ms`: A B A B …, after a warm-up), so the device's drift over a probe does not
+land on one side of a saving: session 21's cold probe of one GEMV site read +3.8 µs in one
+run and −0.6 in the next, timed one spelling after the other. On the CPU: perf_counter
+(tests, CPU analyses).
 """
 
 from __future__ import annotations
@@ -12,13 +16,15 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 PROBE_BYTES_MAX = 1 << 30   # input copies per spelling; bounds a probe's memory
 COPIES_MAX = 16
 REPS = 20                   # CUDA replays (median); the CPU takes 3
+WARMUP_MS = 10.0            # untimed rounds first: clocks ramp from idle over a few ms
+WARMUP_ROUNDS_MAX = 50
 
 
 class CaptureFailed(RuntimeError):
@@ -34,15 +40,15 @@ def copies_past_l2(set_bytes: int, device: torch.device) -> int:
     return max(1, min(want, COPIES_MAX, PROBE_BYTES_MAX // max(1, set_bytes)))
 
 
-def graph_ms(run: Callable[[], None], device: torch.device, reps: int = REPS) -> float:
-    """Median device ms of one replay of a CUDA graph of `run`."""
+def _captured(run: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `run`, warmed up (compiles, workspaces) and replayed once."""
     prev = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device=device)
     side.wait_stream(prev)
     mode = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")  # a host sync cannot be captured: fail here
     try:
-        with torch.cuda.stream(side):  # warm up off the capture stream (compiles, workspaces)
+        with torch.cuda.stream(side):  # warm up off the capture stream
             for _ in range(2):
                 run()
     finally:
@@ -57,28 +63,65 @@ def graph_ms(run: Callable[[], None], device: torch.device, reps: int = REPS) ->
     except Exception as exc:
         torch.cuda.set_stream(prev)  # a failed capture_end leaves the capture stream current
         raise CaptureFailed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    return graph
+
+
+def _timed_round(graphs: list[torch.cuda.CUDAGraph]) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
+    """Each graph replayed once, in turn, between its own CUDA events."""
     pairs = []
-    for _ in range(reps):
+    for graph in graphs:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         end.record()
         pairs.append((start, end))
+    return pairs
+
+
+def graphs_ms(runs: Sequence[Callable[[], None]], device: torch.device, reps: int = REPS) -> list[float]:
+    """Median device ms of one replay of each run's CUDA graph. The graphs are replayed in
+    turn (A B A B …), after WARMUP_MS of such rounds: the clocks' ramp from idle and any
+    drift over the probe fall on every spelling alike, not on whichever was timed first."""
+    graphs = [_captured(run, device) for run in runs]
+    first = _timed_round(graphs)
     torch.cuda.synchronize(device)
-    del graph
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+    round_ms = sum(s.elapsed_time(e) for s, e in first)
+    for _ in range(min(WARMUP_ROUNDS_MAX, math.ceil(WARMUP_MS / max(round_ms, 1e-3)))):
+        for graph in graphs:
+            graph.replay()
+    rounds = [_timed_round(graphs) for _ in range(reps)]
+    torch.cuda.synchronize(device)
+    del graphs
+    return [statistics.median(r[i][0].elapsed_time(r[i][1]) for r in rounds) for i in range(len(runs))]
+
+
+def graph_ms(run: Callable[[], None], device: torch.device, reps: int = REPS) -> float:
+    """Median device ms of one replay of a CUDA graph of `run`."""
+    return graphs_ms([run], device, reps)[0]
+
+
+def cpus_ms(runs: Sequence[Callable[[], None]], reps: int = 3) -> list[float]:
+    """Median host ms of each run, called in turn after one call each."""
+    for run in runs:
+        run()
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(reps):
+        for run, ts in zip(runs, times):
+            t0 = time.perf_counter()
+            run()
+            ts.append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(ts) for ts in times]
 
 
 def cpu_ms(run: Callable[[], None], reps: int = 3) -> float:
-    run()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return cpus_ms([run], reps)[0]
+
+
+def spellings_ms(runs: Sequence[Callable[[], None]], device: torch.device) -> list[float]:
+    """graphs_ms on CUDA, cpus_ms elsewhere: the spellings of one site timed in turn."""
+    return graphs_ms(runs, device) if device.type == "cuda" else cpus_ms(runs)
 
 
 def device_ms(run: Callable[[], None], device: torch.device) -> float:
-    """graph_ms on CUDA, cpu_ms elsewhere."""
-    return graph_ms(run, device) if device.type == "cuda" else cpu_ms(run)
+    """One run, as spellings_ms times it."""
+    return spellings_ms([run], device)[0]

@@ -10,10 +10,11 @@ of a decoder shares one) both ways:
     fused_ms   = the same subgraph with the fused op     (emit, default config, direct
                  emitted                                   calls: what apply runs)
 
-each over enough random input copies to exceed twice the L2, in one CUDA graph
-(profile/replay.py); saving = unfused − fused per site, what a CUDA-graph replay of the
-model gains. Weights a kernel reads as one matrix are laid out back to back, as apply
-lays them (runtime/weights.py), so neither side pays a per-call concatenation.
+each over enough random input copies to exceed twice the L2, in one CUDA graph per
+spelling, the graphs replayed in turn (profile/replay.py); saving = unfused − fused per
+site, what a CUDA-graph replay of the model gains. Weights a kernel reads as one matrix
+are laid out back to back, as apply lays them (runtime/weights.py), so neither side pays
+a per-call concatenation.
 
 Warm variant (`warm_*`, CUDA only): in a forward a site's activations were mostly just
 written by the op before it and are read back from L2 where they fit, while its weights
@@ -64,7 +65,7 @@ from advisor.graph.shape_only import shape_only_key, shape_only_region, shape_on
 from advisor.kernels.registry import all_kernels
 from advisor.kernels.testing import randn_nonzero
 from advisor.profile.merge_probe import MERGE_KERNEL
-from advisor.profile.replay import CaptureFailed, copies_past_l2, device_ms
+from advisor.profile.replay import CaptureFailed, copies_past_l2, spellings_ms
 from advisor.runtime.causal_sdpa import read_marked_masks
 from advisor.runtime.column_blocks import ColumnBlock, as_in_block, blocks_read, column_blocks
 from advisor.runtime.direct import use_direct_calls
@@ -297,25 +298,24 @@ def time_site(m: Match, device: torch.device | str, seed: int = 0,
                     if gm is not None:
                         gm(*args)
             return run
-        unfused = device_ms(over(ref_gm), device) / len(sets)
-        fused = device_ms(over(fused_gm), device) / len(sets)
+        per_site = lambda *ms: tuple(t / len(sets) for t in ms)  # noqa: E731
+        unfused, fused = per_site(*spellings_ms([over(ref_gm), over(fused_gm)], device))
         if device.type != "cuda":
             return SiteTiming(unfused, fused)
 
         def warm_ms() -> Pair:
             if not warm[0]:
                 return None, None
-            touch = device_ms(over(None, True), device)
-            return ((device_ms(over(ref_gm, True), device) - touch) / len(sets),
-                    (device_ms(over(fused_gm, True), device) - touch) / len(sets))
+            touched = [over(None, True), over(ref_gm, True), over(fused_gm, True)]
+            touch, ref_ms, fused_ms = spellings_ms(touched, device)
+            return per_site(ref_ms - touch, fused_ms - touch)
 
         def sliced_ms() -> Pair:
             blocks = facts.blocks_read(inputs)
             if not blocks:
                 return None, None
             runs = _in_blocks(inputs, sets, blocks, facts.bases(graph), seed + 2)
-            return (device_ms(over(ref_gm, runs=runs), device) / len(sets),
-                    device_ms(over(fused_gm, runs=runs), device) / len(sets))
+            return per_site(*spellings_ms([over(ref_gm, runs=runs), over(fused_gm, runs=runs)], device))
         return SiteTiming(unfused, fused, *_or_untimed(warm_ms), *_or_untimed(sliced_ms))
 
 
