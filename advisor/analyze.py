@@ -16,7 +16,9 @@ documented, versioned JSON (schema "advisor.analysis", version 1):
                  "candidates": [{family, kernel, applicable, sites, count, launches_removed,
                                  bytes_avoided, predicted_saving_ms,
                                  device_saving_ms (measured on the analysis device, per
-                                 forward; null where not measured), probe_note (why not)}]}]}
+                                 forward; null where not measured), probe_note (why not),
+                                 site_savings_ms, device_saving_warm_ms, device_saving_pdl_ms,
+                                 site_sliced (the probe's variants, graph/candidates.py)}]}]}
 """
 
 from __future__ import annotations
@@ -89,7 +91,9 @@ def find_candidates(model: torch.nn.Module, inputs: Any, ceilings: Ceilings,
         return None if m.kernel == MERGE_KERNEL else sites.warm_saving_ms(m)
     def sliced(m: Any) -> Any:
         return None if m.kernel == MERGE_KERNEL else sites.sliced(m)
-    return tuple(candidates(matches, costs_from(ceilings), measured, unmeasured, warm, sliced))
+    def pdl(m: Any) -> float | None:
+        return None if m.kernel == MERGE_KERNEL else sites.pdl_saving_ms(m)
+    return tuple(candidates(matches, costs_from(ceilings), measured, unmeasured, warm, sliced, pdl))
 
 
 def analyze_shape(mf: ModelFile, model: torch.nn.Module, seq_len: int, batch: int,

@@ -161,3 +161,21 @@ def test_a_merge_that_holds_no_site_merges_nothing_and_an_old_alone_row_pays_the
     assert alone_prediction(old, merge, graphs, None, cands=cands) == pytest.approx(0.2 - 0.18)
     half = {**old, "applied_sites": ["l0.mlp"]}  # one of two sites applied: half the readers pay
     assert alone_prediction(half, merge, graphs, None, cands=cands) == pytest.approx(0.1 - 0.09)
+
+
+def test_a_plan_with_pdl_prices_its_families_launched_with_it():
+    """The plan's `pdl` row says it launched our kernels with PDL: each family's margin is
+    then its PDL-variant saving where the analysis has one (session 21: the one-token GEMV
+    families' margins measured twice their saving without PDL); alone rows run without it."""
+    analysis = json.loads(json.dumps(ANALYSIS))
+    deep, norm = analysis["shapes"][0]["candidates"][1], analysis["shapes"][0]["candidates"][0]
+    deep["device_saving_pdl_ms"] = 0.16     # sites 0.03 / 0.07 scaled by 1.6
+    norm["device_saving_pdl_ms"] = 0.08     # no change: the norm's PDL saving equals its own
+    bench = json.loads(json.dumps(BENCH))
+    rows = {(r.source, r.family): r for r in accuracy(analysis, bench)}
+    assert rows[LEAVE_ONE_OUT, "add_rms_norm_linear"].predicted_ms == pytest.approx(0.03)  # no pdl row
+    bench["ablation"].append({"shape": 512, "removed": "pdl", "measured_saving_ms": 0.05})
+    rows = {(r.source, r.family): r for r in accuracy(analysis, bench)}
+    assert rows[LEAVE_ONE_OUT, "add_rms_norm_linear"].predicted_ms == pytest.approx(0.07 * 1.6 - 0.04)
+    assert rows[ALONE, "add_rms_norm"].predicted_ms == pytest.approx(0.08)
+    assert (LEAVE_ONE_OUT, "pdl") not in rows  # a plan flag, not a family

@@ -5,6 +5,7 @@ machinery — which sites are probed, the extracted graphs run on the probe's in
 weights laid out as apply lays them, the timings flow into the candidates — and leave
 the numbers to the H200 (benchmarks/next_gpu_session.sh, stage tune: analyze)."""
 
+import contextlib
 import os
 
 import pytest
@@ -279,3 +280,43 @@ def test_spellings_are_timed_in_turn_so_drift_falls_on_both():
     times = spellings_ms([lambda: order.append("a"), lambda: order.append("b")], torch.device("cpu"))
     assert len(times) == 2 and all(t >= 0 for t in times)
     assert order == ["a", "b"] * (len(order) // 2) and len(order) >= 4
+
+
+def test_the_pdl_variant_launches_the_fused_spelling_with_pdl(matches, monkeypatch):
+    """On a device with PDL the fused spelling is timed again launched so, against the
+    captured one (whose aten kernels never launch with it), in turn."""
+    m = next(m for m in matches if m.family == "add_rms_norm")
+    flags, calls = [], []
+
+    @contextlib.contextmanager
+    def recorded(on):
+        flags[-1].append(on)
+        yield
+
+    def fake_ms(runs, device):
+        calls.append(runs)
+        flags.append([])
+        for run in runs:
+            try:
+                run()
+            except Exception:  # noqa: BLE001  (stub inputs: only the launch flag matters)
+                pass
+        return {1: [10.0, 4.0], 2: [9.0, 2.0]}[len(calls)]
+    monkeypatch.setattr(site_probe, "spellings_ms", fake_ms)
+    monkeypatch.setattr(site_probe, "programmatic_launch", recorded)
+    monkeypatch.setattr(site_probe, "pdl_supported", lambda device: True)
+    monkeypatch.setattr(site_probe, "copies_past_l2", lambda b, d: 2)
+    monkeypatch.setattr(site_probe, "activations", lambda inputs, args, bases: [])  # no warm timing
+    t = site_probe.time_site(m, torch.device("cuda"))
+    assert flags == [[False, False], [False, True]]
+    assert (t.saving_ms, t.pdl_saving_ms) == (3.0, 3.5)
+    probe = site_probe.SiteProbe({site_probe.probe_key(m, site_probe.GraphFacts()): t}, {})
+    assert probe.pdl_saving_ms(m) == 3.5 and probe.warm_saving_ms(m) is None
+    cands = {c.family: c for c in candidates(matches, Costs(8.0, 4000.0), probe.saving_ms,
+                                             probe.reason, probe.warm_saving_ms, None, probe.pdl_saving_ms)}
+    norm = cands["add_rms_norm"]  # every layer's site shares the one timing
+    assert norm.device_saving_pdl_ms == pytest.approx(3.5 * norm.count)
+    assert norm.device_saving_ms == pytest.approx(3.0 * norm.count)
+    monkeypatch.setattr(site_probe, "pdl_supported", lambda device: False)
+    calls.clear()
+    assert site_probe.time_site(m, torch.device("cuda")).pdl_saving_ms is None and len(calls) == 1

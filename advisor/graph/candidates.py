@@ -59,6 +59,9 @@ class Candidate:
     # counts its cold one; None where no site has one); () / None where not (fully) probed
     site_savings_ms: tuple[float | None, ...] = ()
     device_saving_warm_ms: float | None = None
+    # the forward's total with the fused kernels launched with PDL (a plan's `pdl`; a site
+    # without that timing counts its cold one; None where no site has one)
+    device_saving_pdl_ms: float | None = None
     # per site, in `sites` order: its timing with the inputs a merge turns into column
     # blocks read so (None: it reads none, or was not timed so); () where not probed
     site_sliced: tuple[Sliced | None, ...] = ()
@@ -117,13 +120,15 @@ def candidates(matches: list[Match], costs: Costs,
                measured: Callable[[Match], float | None] | None = None,
                unmeasured: Callable[[Match], str] | None = None,
                warm: Callable[[Match], float | None] | None = None,
-               sliced: Callable[[Match], Sliced | None] | None = None) -> list[Candidate]:
+               sliced: Callable[[Match], Sliced | None] | None = None,
+               pdl: Callable[[Match], float | None] | None = None) -> list[Candidate]:
     """One Candidate per family, ranked by predicted saving (largest first). `measured`:
     a site's measured device-time saving in ms, or None where it was not measured; a
     family is priced by it only when every site of the family was measured. `unmeasured`:
     why a site has no measurement (the first site's reason becomes the probe_note); `warm`:
     a site's saving with its activations in L2, where timed; `sliced`: a site's timing
-    reading its merged producers' column blocks, where timed."""
+    reading its merged producers' column blocks, where timed; `pdl`: a site's saving with
+    its fused kernels launched with PDL, where timed."""
     by_family: dict[str, list[Match]] = defaultdict(list)
     for m in matches:
         by_family[m.family].append(m)
@@ -133,10 +138,8 @@ def candidates(matches: list[Match], costs: Costs,
         avoided = sum(m.bytes_avoided() for m in ms)
         per_site = [measured(m) for m in ms] if measured is not None else [None]
         device = None if None in per_site else sum(per_site)
-        warm_total = None
-        warm_sites = [warm(m) for m in ms] if device is not None and warm is not None else []
-        if any(w is not None for w in warm_sites):  # else there is no warm figure to give
-            warm_total = sum(t if w is None else w for w, t in zip(warm_sites, per_site))
+        warm_total = _variant_total(warm, ms, per_site) if device is not None else None
+        pdl_total = _variant_total(pdl, ms, per_site) if device is not None else None
         note = ""
         if device is None and measured is not None and unmeasured is not None:
             note = next((unmeasured(m) for m, t in zip(ms, per_site) if t is None), "")
@@ -147,6 +150,17 @@ def candidates(matches: list[Match], costs: Costs,
             predicted_saving_ms=_predicted(priced, device),
             device_saving_ms=device, probe_note=note,
             site_savings_ms=tuple(per_site) if measured is not None else (), device_saving_warm_ms=warm_total,
+            device_saving_pdl_ms=pdl_total,
             site_sliced=tuple(sliced(m) for m in ms) if sliced is not None else (),
         ))
     return sorted(out, key=lambda c: (-c.predicted_saving_ms, c.family))
+
+
+def _variant_total(variant: Callable[[Match], float | None] | None, ms: list[Match],
+                   cold: list[float]) -> float | None:
+    """A probe variant's family total: each site's variant saving, its cold one where it
+    has none; None where no site has one (there is no such figure to give)."""
+    each = [variant(m) for m in ms] if variant is not None else []
+    if not any(v is not None for v in each):
+        return None
+    return sum(c if v is None else v for v, c in zip(each, cold))

@@ -9,7 +9,8 @@ Two measurements come from `advisor bench` (advisor/ablation.py):
   variant (activations in L2, `device_saving_warm_ms`) is shown beside it.
 - leave-one-out (`--ablate`): the plan without the family. Its sites go back to shallower
   families, so the prediction is the family's margin over them (`marginal_prediction`),
-  site by site where the bench names the sites.
+  site by site where the bench names the sites. In a plan with PDL the families are
+  priced by the probes' PDL variant (`device_saving_pdl_ms`) where the analysis has it.
 
 Both account for merges' column blocks (runtime/column_blocks.py): where the plan merges
 the GEMMs a site reads, the site is priced at its timing reading their blocks, and a merge's
@@ -33,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from advisor.report.html_common import _num
-from advisor.runtime.plan import CUDA_GRAPH
+from advisor.runtime.plan import CUDA_GRAPH, PDL
 
 TOLERANCE = 0.25  # issue 7: predicted savings within ±25% of measured
 ALONE, LEAVE_ONE_OUT = "alone", "leave-one-out"
@@ -182,14 +183,17 @@ def marginal_prediction(row: dict, cands: dict[str, dict],
 
 
 def price(c: dict, ceilings: dict | None, kernel_us: float | None, graphs: bool,
-          warm: bool = False) -> float | None:
+          warm: bool = False, pdl: bool = False) -> float | None:
     """A family's predicted saving: eager-priced without CUDA graphs; under them re-priced
-    for them (`graph_priced`), or with `warm` the probes' warm variant (None where the
-    analysis has none, and without graphs)."""
+    for them (`graph_priced`), with `pdl` (the plan launches our kernels so) the probes'
+    PDL variant where the analysis has it, or with `warm` the probes' warm variant (None
+    where the analysis has none, and without graphs)."""
     if warm:  # the probes' warm variant prices a CUDA-graph replay only
         return _num(c.get("device_saving_warm_ms")) if graphs else None
     if not graphs:
         return _num(c.get("predicted_saving_ms"))
+    if pdl and (with_pdl := _num(c.get("device_saving_pdl_ms"))) is not None:
+        return with_pdl
     return graph_priced(c, ceilings, kernel_us)
 
 
@@ -213,12 +217,12 @@ def alone_prediction(row: dict, c: dict, ceilings: dict | None, kernel_us: float
 
 def leave_one_out_prediction(row: dict, cands: dict[str, dict], ceilings: dict | None,
                              kernel_us: float | None, graphs: bool, warm: bool = False,
-                             plan: set[str] | None = None) -> float | None:
+                             plan: set[str] | None = None, pdl: bool = False) -> float | None:
     """The prediction a leave-one-out row measures: the family's margin over the families
     that took its sites back where the row allows (else its own price), priced for CUDA
-    graphs when the plan used them. `warm`: the removed family's warm price (None without
-    one), the others' warm price where they have one. `plan`: the plan's families, for
-    merges' column blocks (module doc)."""
+    graphs when the plan used them, and for PDL when it launched with it (`pdl`). `warm`:
+    the removed family's warm price (None without one), the others' warm price where
+    they have one. `plan`: the plan's families, for merges' column blocks (module doc)."""
     fam = str(row.get("removed"))
     own = cands[fam]
     if warm and price(own, ceilings, kernel_us, graphs, warm=True) is None:
@@ -226,7 +230,7 @@ def leave_one_out_prediction(row: dict, cands: dict[str, dict], ceilings: dict |
 
     def priced(x: dict) -> float | None:
         w = price(x, ceilings, kernel_us, graphs, warm=True) if warm else None
-        return w if w is not None else price(x, ceilings, kernel_us, graphs)
+        return w if w is not None else price(x, ceilings, kernel_us, graphs, pdl=pdl)
     margin = marginal_prediction(row, cands, priced, plan)
     if margin is None:
         margin = priced(own)
@@ -291,13 +295,14 @@ def accuracy(analysis: dict, bench: dict | None) -> list[Accuracy]:
                                     _noise(row.get("unfused_ms_runs"), row.get("with_ms_runs")),
                                     row.get("sites")))
         ablated = ablation_at(bench, length)
-        graphs = CUDA_GRAPH in ablated
+        graphs, pdl = CUDA_GRAPH in ablated, PDL in ablated  # the plan's flags are rows too
         plan = plan_families(ablated, cands)
         for fam, row in ablated.items():
             if fam in cands and not row.get("same_graph"):
                 args = (row, cands, ceilings, kernel_us, graphs)
-                out.append(Accuracy(length, fam, LEAVE_ONE_OUT, leave_one_out_prediction(*args, plan=plan),
-                                    leave_one_out_prediction(*args, warm=True, plan=plan),
+                out.append(Accuracy(length, fam, LEAVE_ONE_OUT,
+                                    leave_one_out_prediction(*args, plan=plan, pdl=pdl),
+                                    leave_one_out_prediction(*args, warm=True, plan=plan, pdl=pdl),
                                     _num(row.get("measured_saving_ms")),
                                     _noise([*(row.get("plan_ms_runs") or []), row.get("recipe_ms")],
                                            row.get("without_ms_runs")),
