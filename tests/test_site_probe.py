@@ -320,3 +320,27 @@ def test_the_pdl_variant_launches_the_fused_spelling_with_pdl(matches, monkeypat
     monkeypatch.setattr(site_probe, "pdl_supported", lambda device: False)
     calls.clear()
     assert site_probe.time_site(m, torch.device("cuda")).pdl_saving_ms is None and len(calls) == 1
+
+
+def test_a_pdl_capture_that_fails_on_a_working_device_leaves_the_cold_timing(matches, monkeypatch):
+    from advisor.profile.replay import CaptureFailed
+
+    m = next(m for m in matches if m.family == "add_rms_norm")
+    calls = []
+
+    def fake_ms(runs, device):
+        calls.append(runs)
+        if len(calls) == 2:
+            raise CaptureFailed("operation not permitted when stream is capturing")
+        return [10.0, 4.0]
+    monkeypatch.setattr(site_probe, "spellings_ms", fake_ms)
+    monkeypatch.setattr(site_probe, "pdl_supported", lambda device: True)
+    monkeypatch.setattr(site_probe, "copies_past_l2", lambda b, d: 2)
+    monkeypatch.setattr(site_probe, "activations", lambda inputs, args, bases: [])
+    monkeypatch.setattr(site_probe, "_usable", lambda device: True)
+    t = site_probe.time_site(m, torch.device("cuda"))
+    assert t.saving_ms == 3.0 and t.pdl_saving_ms is None
+    calls.clear()
+    monkeypatch.setattr(site_probe, "_usable", lambda device: False)  # the device is gone: stop probing
+    with pytest.raises(CaptureFailed):
+        site_probe.time_site(m, torch.device("cuda"))

@@ -20,11 +20,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-PROBE_BYTES_MAX = 1 << 30   # input copies per spelling; bounds a probe's memory
+PROBE_BYTES_MAX = 1 << 30   # input copies per spelling (a probe holds each of its spellings')
 COPIES_MAX = 16
 REPS = 20                   # CUDA replays (median); the CPU takes 3
 WARMUP_MS = 10.0            # untimed rounds first: clocks ramp from idle over a few ms
-WARMUP_ROUNDS_MAX = 50
+WARMUP_BATCH_MAX = 4096     # rounds per warm-up batch, at most (batches double)
 
 
 class CaptureFailed(RuntimeError):
@@ -78,26 +78,36 @@ def _timed_round(graphs: list[torch.cuda.CUDAGraph]) -> list[tuple[torch.cuda.Ev
     return pairs
 
 
+def _warm_up(graphs: list[torch.cuda.CUDAGraph]) -> None:
+    """Untimed rounds of every graph until WARMUP_MS of device time has passed, in
+    batches that double (each timed by events): a one-token site's round is ~0.1 ms."""
+    done, batch = 0.0, 1
+    while done < WARMUP_MS and batch <= WARMUP_BATCH_MAX:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(batch):
+            for graph in graphs:
+                graph.replay()
+        end.record()
+        end.synchronize()
+        done += start.elapsed_time(end)
+        batch *= 2
+
+
 def graphs_ms(runs: Sequence[Callable[[], None]], device: torch.device, reps: int = REPS) -> list[float]:
     """Median device ms of one replay of each run's CUDA graph. The graphs are replayed in
     turn (A B A B …), after WARMUP_MS of such rounds: the clocks' ramp from idle and any
-    drift over the probe fall on every spelling alike, not on whichever was timed first."""
+    drift over the probe fall on every spelling alike, not on whichever was timed first.
+    A replay that fails raises CaptureFailed (the device may be left unusable)."""
     graphs = [_captured(run, device) for run in runs]
-    first = _timed_round(graphs)
-    torch.cuda.synchronize(device)
-    round_ms = sum(s.elapsed_time(e) for s, e in first)
-    for _ in range(min(WARMUP_ROUNDS_MAX, math.ceil(WARMUP_MS / max(round_ms, 1e-3)))):
-        for graph in graphs:
-            graph.replay()
-    rounds = [_timed_round(graphs) for _ in range(reps)]
-    torch.cuda.synchronize(device)
-    del graphs
-    return [statistics.median(r[i][0].elapsed_time(r[i][1]) for r in rounds) for i in range(len(runs))]
-
-
-def graph_ms(run: Callable[[], None], device: torch.device, reps: int = REPS) -> float:
-    """Median device ms of one replay of a CUDA graph of `run`."""
-    return graphs_ms([run], device, reps)[0]
+    try:
+        _warm_up(graphs)
+        rounds = [_timed_round(graphs) for _ in range(reps)]
+        torch.cuda.synchronize(device)
+        return [statistics.median(s.elapsed_time(e) for s, e in column) for column in zip(*rounds)]
+    except Exception as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CaptureFailed(f"replay: {why}") from exc
 
 
 def cpus_ms(runs: Sequence[Callable[[], None]], reps: int = 3) -> list[float]:
@@ -113,15 +123,6 @@ def cpus_ms(runs: Sequence[Callable[[], None]], reps: int = 3) -> list[float]:
     return [statistics.median(ts) for ts in times]
 
 
-def cpu_ms(run: Callable[[], None], reps: int = 3) -> float:
-    return cpus_ms([run], reps)[0]
-
-
 def spellings_ms(runs: Sequence[Callable[[], None]], device: torch.device) -> list[float]:
     """graphs_ms on CUDA, cpus_ms elsewhere: the spellings of one site timed in turn."""
     return graphs_ms(runs, device) if device.type == "cuda" else cpus_ms(runs)
-
-
-def device_ms(run: Callable[[], None], device: torch.device) -> float:
-    """One run, as spellings_ms times it."""
-    return spellings_ms([run], device)[0]

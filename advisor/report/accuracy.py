@@ -10,7 +10,9 @@ Two measurements come from `advisor bench` (advisor/ablation.py):
 - leave-one-out (`--ablate`): the plan without the family. Its sites go back to shallower
   families, so the prediction is the family's margin over them (`marginal_prediction`),
   site by site where the bench names the sites. In a plan with PDL the families are
-  priced by the probes' PDL variant (`device_saving_pdl_ms`) where the analysis has it.
+  priced by the probes' PDL variant (`device_saving_pdl_ms`) where the analysis has it:
+  a family total, split over its sites as their cold savings are, and column-block
+  deltas stay the cold ones (approximations; the warm column keeps no PDL figures).
 
 Both account for merges' column blocks (runtime/column_blocks.py): where the plan merges
 the GEMMs a site reads, the site is priced at its timing reading their blocks, and a merge's
@@ -185,9 +187,9 @@ def marginal_prediction(row: dict, cands: dict[str, dict],
 def price(c: dict, ceilings: dict | None, kernel_us: float | None, graphs: bool,
           warm: bool = False, pdl: bool = False) -> float | None:
     """A family's predicted saving: eager-priced without CUDA graphs; under them re-priced
-    for them (`graph_priced`), with `pdl` (the plan launches our kernels so) the probes'
-    PDL variant where the analysis has it, or with `warm` the probes' warm variant (None
-    where the analysis has none, and without graphs)."""
+    for them (`graph_priced`), with `pdl` (the plan launches our kernels so; graphs only)
+    the probes' PDL variant where the analysis has it, or with `warm` the probes' warm
+    variant (None where the analysis has none, and without graphs)."""
     if warm:  # the probes' warm variant prices a CUDA-graph replay only
         return _num(c.get("device_saving_warm_ms")) if graphs else None
     if not graphs:
@@ -228,9 +230,11 @@ def leave_one_out_prediction(row: dict, cands: dict[str, dict], ceilings: dict |
     if warm and price(own, ceilings, kernel_us, graphs, warm=True) is None:
         return None
 
-    def priced(x: dict) -> float | None:
-        w = price(x, ceilings, kernel_us, graphs, warm=True) if warm else None
-        return w if w is not None else price(x, ceilings, kernel_us, graphs, pdl=pdl)
+    def priced(x: dict) -> float | None:  # the warm column: warm against cold, no PDL figures
+        if warm:
+            w = price(x, ceilings, kernel_us, graphs, warm=True)
+            return w if w is not None else price(x, ceilings, kernel_us, graphs)
+        return price(x, ceilings, kernel_us, graphs, pdl=pdl)
     margin = marginal_prediction(row, cands, priced, plan)
     if margin is None:
         margin = priced(own)
