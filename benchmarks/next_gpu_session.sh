@@ -30,6 +30,9 @@
 #           files at most, by name); JSONs kept beside it while they fit, logs dropped
 #   gemmsites  each GEMM site of the GEMM-family plan (QKV, gate/up, o, down, lm_head) at
 #           512/2048 rows: plain vs persistent TMA tiles, cuBLAS + ops, compile
+#   order   profile_prefill.py at PROFILE_TOKENS (512) twice: advisor first, then compile first
+#   otherplans  OTHER (a recipe tuned on another card) re-stamped with this device's
+#           environment, benched without compile baselines (beside a `bench` of RECIPE)
 #   kernels issue 3's memory-bound kernels at 2048/8192 (default configs), then issue 6's
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
@@ -167,6 +170,23 @@ gemmsites)  # each GEMM site of the deep plan at its in-model shape: default TMA
       --json "kernels-site-$name.json" > "$OUT/kernels-site-$name.log" 2>&1
     echo "== $name rc=$?"; grep -v "^/\|warn" "$OUT/kernels-site-$name.log" | tail -5
   done ;;
+order)  # prefill profile at PROFILE_TOKENS in both orders (advisor first, then compile first):
+  # is a GEMM slower in one variant's forward than in the other's because of its place in the run?
+  for first in ours compile; do
+    timeout ${PROFILE_S:-120} python3 benchmarks/profile_prefill.py --recipe "$RECIPE" \
+      --tokens ${PROFILE_TOKENS:-512} $([ $first = compile ] && echo --compile-first) \
+      --json "profile-prefill-$first-first.json" > "$OUT/profile-prefill-$first-first.log" 2>&1
+    echo "$first first rc=$?"; grep -v "^    " "$OUT/profile-prefill-$first-first.log" | tail -4
+  done ;;
+otherplans)  # OTHER (a recipe tuned on another card) with this device's environment, no
+  # compile baselines: its plans against RECIPE's (bench them in the same command)
+  python3 -c "import json, sys, torch; from advisor.env import environment
+r = json.load(open(sys.argv[1])); r['environment'] = {k: v for k, v in environment(torch.device('cuda')).items()
+    if k in r['environment']}; json.dump(r, open(sys.argv[2], 'w'), indent=1)" "$OTHER" "$OUT/other-plans.json"
+  timeout ${OTHER_S:-150} python3 -m advisor.cli bench $model --recipe "$OUT/other-plans.json" \
+    --shapes ${BENCH_SHAPES:-1,128,512,2048} --compile none --json "$OUT/bench-other-plans.json" \
+    > "$OUT/bench-other-plans.log" 2>&1
+  echo "other plans rc=$?"; tail -12 "$OUT/bench-other-plans.log" ;;
 pack)
   (cd "$OUT" && tar czf /tmp/0-all.tgz . && mv /tmp/0-all.tgz . \
     && find . -type f ! -name 0-all.tgz ! -name '*.json' -delete \
