@@ -48,7 +48,8 @@ Repeats (`repeats` > 1, `bench --repeats`): one apply of a plan can time up to 5
 apart from another apply of the same plan at 512 tokens on an H100 (session 21), while
 each apply's own replays agree within a few µs; so every row is applied and timed
 `repeats` times, in rounds with the baseline timed between them, and its median is kept
-(`without_ms_runs`, `with_ms_runs`: all of them).
+(`without_ms_runs`, `with_ms_runs`: all of them). A row that fails a round is tried again
+in the next (its errors in `repeat_errors`).
 """
 
 from __future__ import annotations
@@ -107,7 +108,12 @@ def ablation_rows(shape: int, plan: Plan, recipe_ms: float,
     that raises is a row with its error. Rows carry both timings so a reader can recompute
     the saving."""
     baseline = _Baseline(lambda: time_plan(plan)[0])
-    rows, timed = [], []
+    rows, timed, failed = [], [], []
+
+    def first(row: dict[str, Any], ms: float, sites: dict[str, list[str]]) -> bool:
+        taken = taken_over(plan_sites, sites)
+        row.update(without_ms_runs=[ms], taken_over={f: len(m) for f, m in taken.items()}, taken_sites=taken)
+        return True
     for removed, without in leave_one_out(plan):
         row: dict[str, Any] = {"shape": shape, "removed": removed, "recipe_ms": recipe_ms}
         if removed in plan.fusions:
@@ -119,15 +125,13 @@ def ablation_rows(shape: int, plan: Plan, recipe_ms: float,
                 rows.append(row)
                 continue
         try:
-            ms, sites = time_plan(without)
-            taken = taken_over(plan_sites, sites)
-            row.update(without_ms_runs=[ms], taken_over={f: len(m) for f, m in taken.items()},
-                       taken_sites=taken)
+            first(row, *time_plan(without))
             timed.append((row, without))
         except Exception as exc:  # a plan that fails here is a result, not a crash
             row.update(without_ms=None, measured_saving_ms=None, error=one_line(exc))
+            failed.append((row, without, first))
         rows.append(row)
-    _again(timed, "without_ms_runs", repeats, baseline, time_plan)
+    _again(timed, "without_ms_runs", repeats, baseline, time_plan, failed)
     baseline.again()
     plan_ms = baseline.ms if baseline.runs else recipe_ms
     for row in rows:
@@ -141,11 +145,18 @@ def ablation_rows(shape: int, plan: Plan, recipe_ms: float,
     return rows
 
 
+First = Callable[[dict[str, Any], float, dict[str, list[str]]], bool]  # fills a row's first timing
+
+
 def _again(timed: list[tuple[dict[str, Any], Plan]], key: str, repeats: int, baseline: _Baseline,
-           time_plan: Callable[[Plan], tuple[float, Any]]) -> None:
+           time_plan: Callable[[Plan], tuple[float, Any]],
+           failed: Sequence[tuple[dict[str, Any], Plan, First]] = ()) -> None:
     """Rounds 2..repeats of the timed rows, the baseline timed before each; each row's
     timing is then the median of its runs (`key`). A later round that fails keeps the
-    runs that worked."""
+    runs that worked; a row that failed the first round (`failed`, with what fills its
+    first timing: True where it is to be timed again) is tried again in each round, its
+    first error kept in `repeat_errors`."""
+    failed = list(failed)
     for _ in range(repeats - 1):
         baseline.again()
         for row, p in timed:
@@ -153,6 +164,17 @@ def _again(timed: list[tuple[dict[str, Any], Plan]], key: str, repeats: int, bas
                 row[key].append(time_plan(p)[0])
             except Exception as exc:  # noqa: BLE001 - the first round's timing stands
                 row.setdefault("repeat_errors", []).append(one_line(exc))
+        for entry in list(failed):
+            row, p, first = entry
+            try:
+                again = first(row, *time_plan(p))
+            except Exception as exc:  # noqa: BLE001 - it stays a row with its error
+                row.setdefault("repeat_errors", []).append(one_line(exc))
+                continue
+            failed.remove(entry)
+            row.setdefault("repeat_errors", []).insert(0, row.pop("error"))
+            if again:
+                timed.append((row, p))
     for row, _ in timed:
         row[key.removesuffix("_runs")] = median(row[key])
 
@@ -189,21 +211,22 @@ def alone_rows(shape: int, plan: Plan,
     base, each = alone(plan)
     baseline = _Baseline(lambda: time_plan(base)[0])
     rows: list[dict[str, Any]] = []
-    timed = []
+    timed, failed = [], []
+
+    def first(row: dict[str, Any], ms: float, sites: dict[str, list[str]]) -> bool:
+        applied = list(sites.get(row["family"], ()))
+        row.update(with_ms_runs=[ms], sites=len(applied), applied_sites=applied, with_ms=ms)
+        return bool(applied)  # a family that found no site is not compared: one timing will do
     for family, only in each:
         row: dict[str, Any] = {"shape": shape, "family": family, "cuda_graph": base.cuda_graph}
         try:
-            ms, sites = time_plan(only)
-            applied = list(sites.get(family, ()))
-            row.update(with_ms_runs=[ms], sites=len(applied), applied_sites=applied)
-            if applied:  # a family that found no site is not compared: one timing will do
+            if first(row, *time_plan(only)):
                 timed.append((row, only))
-            else:
-                row["with_ms"] = ms
         except Exception as exc:  # a family that fails alone is a result, not a crash
             row.update(with_ms=None, sites=None, error=one_line(exc))
+            failed.append((row, only, first))
         rows.append(row)
-    _again(timed, "with_ms_runs", repeats, baseline, time_plan)
+    _again(timed, "with_ms_runs", repeats, baseline, time_plan, failed)
     baseline.again()
     for row in rows:
         row.update(unfused_ms=baseline.ms, unfused_ms_runs=list(baseline.runs), measured_saving_ms=None)

@@ -270,3 +270,27 @@ def test_repeats_time_each_row_over_several_applies_and_keep_the_median():
     (row,) = [r for r in alone_rows(512, Plan(("rope",), cuda_graph=True), time_plan, repeats=2)]
     assert row["with_ms_runs"] == [2.8, 2.6] and row["with_ms"] == pytest.approx(2.7)
     assert row["unfused_ms"] == 3.1 and row["measured_saving_ms"] == pytest.approx(0.4)
+
+
+def test_a_row_that_fails_its_first_round_is_tried_again_in_the_next():
+    plan = Plan(("add_rms_norm", "rope"), cuda_graph=False)
+    sites = {"add_rms_norm": ["l0"], "rope": ["l0.attn"]}
+    times = {("add_rms_norm", "rope"): iter([2.0, 2.0, 2.0]), ("rope",): iter([RuntimeError("OOM"), 2.5, 2.7]),
+             ("add_rms_norm",): iter([RuntimeError("OOM"), RuntimeError("OOM again"), RuntimeError("x")])}
+
+    def time_plan(p):
+        t = next(times[p.fusions])
+        if isinstance(t, Exception):
+            raise t
+        return t, {f: sites[f] for f in p.fusions}
+    rows = {r["removed"]: r for r in ablation_rows(512, plan, 2.0, time_plan, sites, repeats=3)}
+    late = rows["add_rms_norm"]  # failed round 1, timed in rounds 2 and 3
+    assert late["without_ms_runs"] == [2.5, 2.7] and late["measured_saving_ms"] == pytest.approx(0.6)
+    assert late["taken_over"] == {} and late["repeat_errors"] == ["RuntimeError: OOM"] and "error" not in late
+    never = rows["rope"]  # failed every round: a row with its error
+    assert never["measured_saving_ms"] is None and never["error"] == "RuntimeError: OOM"
+    assert never["repeat_errors"] == ["RuntimeError: OOM again", "RuntimeError: x"]
+
+    times = {(): iter([3.0, 3.0]), ("rope",): iter([RuntimeError("OOM"), 2.8])}
+    (row,) = alone_rows(512, Plan(("rope",), cuda_graph=True), time_plan, repeats=2)
+    assert row["with_ms"] == 2.8 and row["sites"] == 1 and row["measured_saving_ms"] == pytest.approx(0.2)
