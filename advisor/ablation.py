@@ -48,8 +48,9 @@ Repeats (`repeats` > 1, `bench --repeats`): one apply of a plan can time up to 5
 apart from another apply of the same plan at 512 tokens on an H100 (session 21), while
 each apply's own replays agree within a few µs; so every row is applied and timed
 `repeats` times, in rounds with the baseline timed between them, and its median is kept
-(`without_ms_runs`, `with_ms_runs`: all of them). A row that fails a round is tried again
-in the next (its errors in `repeat_errors`).
+(`without_ms_runs`, `with_ms_runs`: all of them). A row that fails its first round is
+tried again in the next ones, unless it fails the same way again (errors in
+`repeat_errors`).
 """
 
 from __future__ import annotations
@@ -154,8 +155,8 @@ def _again(timed: list[tuple[dict[str, Any], Plan]], key: str, repeats: int, bas
     """Rounds 2..repeats of the timed rows, the baseline timed before each; each row's
     timing is then the median of its runs (`key`). A later round that fails keeps the
     runs that worked; a row that failed the first round (`failed`, with what fills its
-    first timing: True where it is to be timed again) is tried again in each round, its
-    first error kept in `repeat_errors`."""
+    first timing: True where it is to be timed again) is tried again in each round until
+    it works (its first error then kept in `repeat_errors`) or fails as it did first."""
     failed = list(failed)
     for _ in range(repeats - 1):
         baseline.again()
@@ -170,6 +171,8 @@ def _again(timed: list[tuple[dict[str, Any], Plan]], key: str, repeats: int, bas
                 again = first(row, *time_plan(p))
             except Exception as exc:  # noqa: BLE001 - it stays a row with its error
                 row.setdefault("repeat_errors", []).append(one_line(exc))
+                if one_line(exc) == row["error"]:  # the same failure again: not transient
+                    failed.remove(entry)
                 continue
             failed.remove(entry)
             row.setdefault("repeat_errors", []).insert(0, row.pop("error"))

@@ -275,8 +275,11 @@ def test_repeats_time_each_row_over_several_applies_and_keep_the_median():
 def test_a_row_that_fails_its_first_round_is_tried_again_in_the_next():
     plan = Plan(("add_rms_norm", "rope"), cuda_graph=False)
     sites = {"add_rms_norm": ["l0"], "rope": ["l0.attn"]}
-    times = {("add_rms_norm", "rope"): iter([2.0, 2.0, 2.0]), ("rope",): iter([RuntimeError("OOM"), 2.5, 2.7]),
-             ("add_rms_norm",): iter([RuntimeError("OOM"), RuntimeError("OOM again"), RuntimeError("x")])}
+    # the baseline: before, between each round, after
+    times = {("add_rms_norm", "rope"): iter([2.0, 2.0, 2.0, 2.0]),
+             ("rope",): iter([RuntimeError("OOM"), 2.5, 2.7]),
+             ("add_rms_norm",): iter([RuntimeError("OOM"), RuntimeError("OOM again"), RuntimeError("x")]),
+             ("add_rms_norm", "rope", "x"): iter([RuntimeError("no kernel"), RuntimeError("no kernel")])}
 
     def time_plan(p):
         t = next(times[p.fusions])
@@ -287,10 +290,17 @@ def test_a_row_that_fails_its_first_round_is_tried_again_in_the_next():
     late = rows["add_rms_norm"]  # failed round 1, timed in rounds 2 and 3
     assert late["without_ms_runs"] == [2.5, 2.7] and late["measured_saving_ms"] == pytest.approx(0.6)
     assert late["taken_over"] == {} and late["repeat_errors"] == ["RuntimeError: OOM"] and "error" not in late
+    assert late["plan_ms_runs"] == [2.0] * 4
     never = rows["rope"]  # failed every round: a row with its error
     assert never["measured_saving_ms"] is None and never["error"] == "RuntimeError: OOM"
     assert never["repeat_errors"] == ["RuntimeError: OOM again", "RuntimeError: x"]
 
-    times = {(): iter([3.0, 3.0]), ("rope",): iter([RuntimeError("OOM"), 2.8])}
-    (row,) = alone_rows(512, Plan(("rope",), cuda_graph=True), time_plan, repeats=2)
-    assert row["with_ms"] == 2.8 and row["sites"] == 1 and row["measured_saving_ms"] == pytest.approx(0.2)
+    times = {(): iter([3.0, 3.0, 3.0, 3.0]), ("rope",): iter([RuntimeError("OOM"), 2.8, 2.6]),
+             ("x",): iter([RuntimeError("no kernel"), RuntimeError("no kernel")])}
+    sites["x"] = []
+    row, same = alone_rows(512, Plan(("rope", "x"), cuda_graph=True), time_plan, repeats=3)
+    assert row["with_ms"] == pytest.approx(2.7) and row["sites"] == 1 and row["with_ms_runs"] == [2.8, 2.6]
+    assert row["measured_saving_ms"] == pytest.approx(0.3) and row["unfused_ms_runs"] == [3.0] * 4
+    assert "error" not in row and row["repeat_errors"] == ["RuntimeError: OOM"]
+    # the same failure twice is not transient: not tried a third time (its iterator has two)
+    assert same["error"] == "RuntimeError: no kernel" and same["repeat_errors"] == ["RuntimeError: no kernel"]

@@ -28,8 +28,10 @@ traffic ago); both are recorded for the report.
 
 Column-block variant (`sliced_*`, CUDA only): a site reading outputs of GEMMs that a merge
 (or a norm folded into several projections) turns into column blocks of one result is
-timed a second time reading them so (runtime/column_blocks.py): what the site saves in a
-plan that merges its producers, and what the merge costs the readers it leaves unfused.
+timed a second time reading them so (runtime/column_blocks.py), beside the captured
+spelling on contiguous inputs (three graphs in turn) so what the blocks cost is one
+call's difference: what the site saves in a plan that merges its producers, and what the
+merge costs the readers it leaves unfused.
 
 PDL variant (`pdl_*`, CUDA sm_90+): the fused spelling with its kernels launched with
 programmatic dependent launch, as a plan with `pdl` runs them, against the captured one
