@@ -247,6 +247,17 @@ def test_the_unfused_baseline_gets_the_graph_wide_passes_as_every_plan_does():
     assert total["repeats_merged"] > 0 and total["shape_only_memoized"] > 0, total
 
 
+def _scripted(times, sites):
+    """A `time_plan` stand-in: each plan's next timing from `times` (by its fusions), or
+    the exception there; the sites it applied from `sites`."""
+    def time_plan(p):
+        t = next(times[p.fusions])
+        if isinstance(t, Exception):
+            raise t
+        return t, {f: sites[f] for f in p.fusions}
+    return time_plan
+
+
 def test_repeats_time_each_row_over_several_applies_and_keep_the_median():
     """One apply of a plan can time tens of µs from another: with repeats, rounds of the
     rows with the baseline between them; a failing later round keeps what worked."""
@@ -254,19 +265,14 @@ def test_repeats_time_each_row_over_several_applies_and_keep_the_median():
     sites = {"add_rms_norm": ["l0"], "rope": ["l0.attn"]}
     times = {("add_rms_norm", "rope"): iter([2.0, 2.2, 2.1]), ("rope",): iter([2.5, 2.9, 2.6]),
              ("add_rms_norm",): iter([2.4, RuntimeError("flaky"), 2.8])}
-
-    def time_plan(p):
-        t = next(times[p.fusions])
-        if isinstance(t, Exception):
-            raise t
-        return t, {f: sites[f] for f in p.fusions}
+    time_plan = _scripted(times, sites)
     rows = {r["removed"]: r for r in ablation_rows(512, plan, 2.3, time_plan, sites, repeats=2)}
     assert rows["add_rms_norm"]["plan_ms_runs"] == [2.0, 2.2, 2.1] and rows["add_rms_norm"]["plan_ms"] == 2.1
     assert rows["add_rms_norm"]["without_ms_runs"] == [2.5, 2.9] and rows["add_rms_norm"]["without_ms"] == 2.7
     assert rows["add_rms_norm"]["measured_saving_ms"] == pytest.approx(0.6)
     assert rows["rope"]["without_ms_runs"] == [2.4] and rows["rope"]["repeat_errors"] == ["RuntimeError: flaky"]
 
-    times = {(): iter([3.0, 3.1, 3.2]), ("rope",): iter([2.8, 2.6])}
+    time_plan = _scripted({(): iter([3.0, 3.1, 3.2]), ("rope",): iter([2.8, 2.6])}, sites)
     (row,) = [r for r in alone_rows(512, Plan(("rope",), cuda_graph=True), time_plan, repeats=2)]
     assert row["with_ms_runs"] == [2.8, 2.6] and row["with_ms"] == pytest.approx(2.7)
     assert row["unfused_ms"] == 3.1 and row["measured_saving_ms"] == pytest.approx(0.4)
@@ -278,14 +284,8 @@ def test_a_row_that_fails_its_first_round_is_tried_again_in_the_next():
     # the baseline: before, between each round, after
     times = {("add_rms_norm", "rope"): iter([2.0, 2.0, 2.0, 2.0]),
              ("rope",): iter([RuntimeError("OOM"), 2.5, 2.7]),
-             ("add_rms_norm",): iter([RuntimeError("OOM"), RuntimeError("OOM again"), RuntimeError("x")]),
-             ("add_rms_norm", "rope", "x"): iter([RuntimeError("no kernel"), RuntimeError("no kernel")])}
-
-    def time_plan(p):
-        t = next(times[p.fusions])
-        if isinstance(t, Exception):
-            raise t
-        return t, {f: sites[f] for f in p.fusions}
+             ("add_rms_norm",): iter([RuntimeError("OOM"), RuntimeError("OOM again"), RuntimeError("x")])}
+    time_plan = _scripted(times, sites)
     rows = {r["removed"]: r for r in ablation_rows(512, plan, 2.0, time_plan, sites, repeats=3)}
     late = rows["add_rms_norm"]  # failed round 1, timed in rounds 2 and 3
     assert late["without_ms_runs"] == [2.5, 2.7] and late["measured_saving_ms"] == pytest.approx(0.6)
@@ -295,9 +295,9 @@ def test_a_row_that_fails_its_first_round_is_tried_again_in_the_next():
     assert never["measured_saving_ms"] is None and never["error"] == "RuntimeError: OOM"
     assert never["repeat_errors"] == ["RuntimeError: OOM again", "RuntimeError: x"]
 
-    times = {(): iter([3.0, 3.0, 3.0, 3.0]), ("rope",): iter([RuntimeError("OOM"), 2.8, 2.6]),
-             ("x",): iter([RuntimeError("no kernel"), RuntimeError("no kernel")])}
     sites["x"] = []
+    time_plan = _scripted({(): iter([3.0, 3.0, 3.0, 3.0]), ("rope",): iter([RuntimeError("OOM"), 2.8, 2.6]),
+                           ("x",): iter([RuntimeError("no kernel"), RuntimeError("no kernel")])}, sites)
     row, same = alone_rows(512, Plan(("rope", "x"), cuda_graph=True), time_plan, repeats=3)
     assert row["with_ms"] == pytest.approx(2.7) and row["sites"] == 1 and row["with_ms_runs"] == [2.8, 2.6]
     assert row["measured_saving_ms"] == pytest.approx(0.3) and row["unfused_ms_runs"] == [3.0] * 4
