@@ -110,21 +110,20 @@ class SiteTiming:
 
     @property
     def warm_saving_ms(self) -> float | None:
-        if self.warm_unfused_ms is None or self.warm_fused_ms is None:
-            return None
-        return self.warm_unfused_ms - self.warm_fused_ms
+        return _saving(self.warm_unfused_ms, self.warm_fused_ms)
 
     @property
     def sliced_saving_ms(self) -> float | None:
-        if self.sliced_unfused_ms is None or self.sliced_fused_ms is None:
-            return None
-        return self.sliced_unfused_ms - self.sliced_fused_ms
+        return _saving(self.sliced_unfused_ms, self.sliced_fused_ms)
 
     @property
     def pdl_saving_ms(self) -> float | None:
-        if self.pdl_unfused_ms is None or self.pdl_fused_ms is None:
-            return None
-        return self.pdl_unfused_ms - self.pdl_fused_ms
+        return _saving(self.pdl_unfused_ms, self.pdl_fused_ms)
+
+
+def _saving(unfused: float | None, fused: float | None) -> float | None:
+    """A variant's saving; None where it was not timed."""
+    return None if unfused is None or fused is None else unfused - fused
 
 
 class GraphFacts:
