@@ -33,6 +33,10 @@
 #   order   profile_prefill.py at PROFILE_TOKENS (512) twice: advisor first, then compile first
 #   otherplans  OTHER (a recipe tuned on another card) re-stamped with this device's
 #           environment, benched without compile baselines (beside a `bench` of RECIPE)
+#   probetiming  benchmarks/probe_timing.py at PROBE_TOKENS (1): the probe's sites of PROBE_FAMILIES
+#           timed interleaved / sequential / from cold / reversed / with RECIPE's configs; then
+#           the kernels per forward (CUDA graph, no compile) of the unfused model and of
+#           PROBE_FAMILIES alone with RECIPE's configs: what a site's kernels cost in a forward
 #   kernels issue 3's memory-bound kernels at 2048/8192 (default configs), then issue 6's
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
@@ -187,6 +191,22 @@ r = json.load(open(sys.argv[1])); r['environment'] = {k: v for k, v in environme
     --shapes ${BENCH_SHAPES:-1,128,512,2048} --compile none --json "$OUT/bench-other-plans.json" \
     > "$OUT/bench-other-plans.log" 2>&1
   echo "other plans rc=$?"; tail -12 "$OUT/bench-other-plans.log" ;;
+probetiming)  # does the probe's timing method (or its default config) move a site's saving?
+  fams=${PROBE_FAMILIES:-linear_residual,add_rms_norm_swiglu,add_rms_norm_linear}
+  timeout ${PROBE_S:-200} python3 benchmarks/probe_timing.py --recipe "$RECIPE" --tokens ${PROBE_TOKENS:-1} \
+    --families $fams > "$OUT/probe-timing.log" 2>&1
+  echo "probe timing rc=$?"; tail -3 "$OUT/probe-timing.log"
+  python3 -c "import json, sys; from advisor.runtime.recipe import load_recipe
+plan = load_recipe(sys.argv[1]).bucket_for(int(sys.argv[2])).plan; fams = sys.argv[3].split(',')
+for name, on in (('unfused', []), ('alone', fams)):
+    json.dump({'schema_version': 1, 'kind': 'advisor.plan', 'fusions': on, 'cuda_graph': True,
+               'configs': {f: c for f, c in plan.configs.items() if f in on}}, open(f'/tmp/{name}.plan.json', 'w'))
+" "$RECIPE" ${PROBE_TOKENS:-1} $fams
+  for n in unfused alone; do
+    timeout ${PROFILE_S:-90} python3 benchmarks/profile_prefill.py --recipe /tmp/$n.plan.json --no-compile \
+      --tokens ${PROBE_TOKENS:-1} --json "profile-probe-$n.json" > "$OUT/profile-probe-$n.log" 2>&1
+    echo "$n rc=$?"; grep -v "^    " "$OUT/profile-probe-$n.log" | tail -2
+  done ;;
 pack)
   (cd "$OUT" && tar czf /tmp/0-all.tgz . && mv /tmp/0-all.tgz . \
     && find . -type f ! -name 0-all.tgz ! -name '*.json' -delete \
