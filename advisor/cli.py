@@ -282,12 +282,24 @@ def main() -> None:
         stderr.print("aborted")
         sys.exit(130)
     except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.ClickException):
+        if isinstance(exc, _usage_errors()):
             exc.show()
             sys.exit(2)
         raise
+
+
+def _usage_errors() -> tuple[type[BaseException], ...]:
+    """Click's usage-error base, and the copy of it newer typer releases bundle (what their
+    parser raises: not a subclass of click's)."""
+    import importlib
+
+    found = []
+    for module in ("click.exceptions", "typer._click.exceptions"):
+        try:
+            found.append(importlib.import_module(module).ClickException)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,16 @@ def test_missing_file_and_bad_flags(tmp_path):
     assert proc.returncode == 2 and "unknown dtype" in proc.stderr
 
 
+@pytest.mark.parametrize("args", [("analyze",), ("nosuchcommand",), ("analyze", "m.py", "--no-such-flag"),
+                                  ("bench", "m.py", "--batch", "0")])
+def test_usage_errors_are_a_usage_line_and_exit_2(tmp_path, args):
+    """Click's usage errors, whichever click raises them (typer bundles its own copy)."""
+    (tmp_path / "m.py").write_text(GOOD)
+    proc = _run(*args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Error:" in proc.stderr, proc.stderr
+
+
 def test_parse_shapes():
     assert parse_shapes("512, 128,2048,128") == (128, 512, 2048)
     with pytest.raises(ModelFileError):
