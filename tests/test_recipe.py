@@ -61,6 +61,11 @@ def _corrupt(tmp_path, mutate) -> str:
     (lambda o: o.update(kind="pickle"), "$.kind"),
     (lambda o: o["buckets"][0]["plan"].update(cuda_graph="yes"), "cuda_graph"),
     (lambda o: o["buckets"][0]["plan"].update(pdl=1), "$.buckets[0].plan.pdl"),
+    # off the kernel's grid: at the first call the site would run unfused with no word
+    (lambda o: o["buckets"][0]["plan"]["configs"].update(add_rms_norm="BLOCK_N=3,ROWS_PER_PROG=1,num_warps=1"),
+     "$.buckets[0].plan.configs.add_rms_norm: BLOCK_N=3"),
+    (lambda o: o["buckets"][0]["plan"]["configs"].update(add_rms_norm="BLOCK_N=128,ROWS_PER_PROG=1,num_warps=1,EVIL=1"),
+     "$.buckets[0].plan.configs.add_rms_norm: config keys"),
 ])
 def test_corrupt_recipes_name_the_json_path(tmp_path, mutate, where):  # 21, 22
     msg = _corrupt(tmp_path, mutate)
@@ -75,6 +80,10 @@ def test_truncated_and_non_json(tmp_path):
     p.write_bytes(b"\x80\x04\x95pickle")
     with pytest.raises(RecipeError):
         load_recipe(p)
+    for text in ("[" * 100_000 + "]" * 100_000, '{"schema_version": ' + "9" * 5000 + "}"):
+        p.write_text(text)  # past the parser's depth; past Python's integer digit limit
+        with pytest.raises(RecipeError, match="not a recipe JSON"):
+            load_recipe(p)
 
 
 def test_hand_written_plan_file(tmp_path):

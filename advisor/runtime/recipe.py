@@ -43,7 +43,7 @@ from typing import Any
 from advisor.errors import RecipeError
 from advisor.kernels.space import decode
 from advisor.runtime.kernel_spec import SpecError, check_spec
-from advisor.runtime.plan import FAMILIES, PLAN_FLAGS, Plan
+from advisor.runtime.plan import FAMILIES, PLAN_FLAGS, UNTUNED_KERNELS, Plan
 
 SCHEMA_VERSION = 1
 EVERY_LENGTH = 2**31 - 1  # the bound of a plan file's one bucket: no length past it
@@ -126,12 +126,27 @@ def plan_from_json(obj: Any, path: str = "$") -> Plan:
         except ValueError as exc:
             raise RecipeError(f"invalid recipe at {path}.configs.{fam}: {exc}") from None
         for key, value in cfg.items():
-            # 0: an off switch (the TMA axes); each kernel's space checks its own values at launch
             _expect(0 <= value <= 65536, f"{path}.configs.{fam}.{key}", f"value {value} out of range")
+        _on_axes(fam, cfg, f"{path}.configs.{fam}")
     flags = {key: obj.get(key, False) for key in PLAN_FLAGS}
     for key, value in flags.items():
         _expect(isinstance(value, bool), f"{path}.{key}", "expected true/false")
     return Plan(fusions=tuple(fusions), configs=dict(configs), **flags)
+
+
+def _on_axes(family: str, cfg: dict[str, int], path: str) -> None:
+    """A tuned config names its kernel's axes and values on them (kernels/space.py): one
+    off the grid (BLOCK_N=3, an unknown key) would fail at the site's first call and leave
+    it unfused with no word, so it is refused here, at load."""
+    from advisor.kernels.registry import get  # the kernel modules: only once a config is read
+
+    kernel = FAMILIES[family]
+    if not cfg or kernel in UNTUNED_KERNELS:
+        return
+    try:
+        get(kernel).space.well_formed(cfg)
+    except ValueError as exc:
+        raise RecipeError(f"invalid recipe at {path}: {exc} (kernel {kernel})") from None
 
 
 def _measured(obj: Any, path: str) -> dict[str, Any]:
@@ -227,6 +242,9 @@ def load_recipe(path: str | Path) -> Recipe:
         obj = json.loads(text, parse_constant=lambda c: float(c))
     except json.JSONDecodeError as exc:
         raise RecipeError(f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+    except (RecursionError, ValueError) as exc:  # nesting past the parser's depth; an integer
+        # past Python's digit limit
+        raise RecipeError(f"{p}: not a recipe JSON ({type(exc).__name__}: {str(exc)[:120]})") from None
     try:
         return recipe_from_json(obj)
     except RecipeError as exc:
