@@ -41,6 +41,38 @@ def _device_dtype(device: str | None, dtype: str | None):
     return dev, parse_dtype(dtype or ("bf16" if dev.type == "cuda" else "fp32"))
 
 
+def _writable(path: Path | None, flag: str, folder: bool = False) -> None:
+    """Fail before the work, not after it: `path` (a file, or with `folder` a folder) can
+    be created where it is named. Writes stay atomic (write_json_atomic); this only moves
+    a bad path's error ahead of a run that may take minutes."""
+    import os
+
+    if path is None:
+        return
+    if path.exists() and path.is_dir() != folder:
+        raise AdvisorError(f"{flag} {path}: is {'a file' if folder else 'a folder'}")
+    parent = path if folder else path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # the nearest folder that exists: the rest is created
+    if not parent.is_dir():
+        raise AdvisorError(f"{flag} {path}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise AdvisorError(f"{flag} {path}: {parent} is not writable")
+
+
+def _compile_modes(text: str) -> tuple[str, ...]:
+    """--compile's modes, each one torch.compile knows ("none": no compile baseline)."""
+    import torch._inductor
+
+    modes = tuple(m for m in text.split(",") if m and m != "none")
+    known = list(torch._inductor.list_mode_options())
+    unknown = [m for m in modes if m not in known]
+    if unknown:
+        raise AdvisorError(f"--compile {text}: unknown torch.compile mode(s) {unknown}; "
+                           f"known: {', '.join(known)} or none")
+    return modes
+
+
 @app.command()
 def analyze(
     model: ModelArg,
@@ -67,6 +99,8 @@ def analyze(
 
     lengths = parse_shapes(shapes)
     mf = load_model_file(model)
+    _writable(json_path, "--json")
+    _writable(trace, "--trace", folder=True)
     dev, dt = _device_dtype(device, dtype)
     ceilings = load_or_measure(dev)
     if trace is not None:
@@ -130,8 +164,9 @@ def bench(
     lengths = parse_shapes(shapes)
     mf = load_model_file(model)
     rec = load_recipe(recipe) if recipe else Recipe.from_plan(ALL_FUSIONS)
+    _writable(json_path, "--json")
+    modes = _compile_modes(compile_modes)
     dev, dt = _device_dtype(device, dtype)
-    modes = tuple(m for m in compile_modes.split(",") if m and m != "none")
     result = run_bench(mf, rec, lengths, batch, dev, dt, modes, phase=phase, truth=truth,
                        generate=generate, ablate=ablate, alone=alone, repeats=repeats)
     render_rows("latency per forward (median)", result.rows, stdout)
@@ -186,6 +221,7 @@ def tune(
 
     lengths = parse_shapes(shapes)
     mf = load_model_file(model)  # a bad model file: one line, before any worker starts
+    _writable(out_path, "--out")
     if phase == "decode" and mf.make_decode_inputs is None:
         raise ModelFileError(f"{model}: --phase decode needs make_decode_inputs(context_len, batch, device)")
     dev, dt = _device_dtype(device, dtype)
@@ -220,6 +256,7 @@ def record_kernels_cmd(
 
     rec = load_recipe(recipe)
     mf = load_model_file(model)
+    _writable(out or recipe, "--out")
     dev, dt = _device_dtype(device, dtype or rec.model.get("dtype"))
     if dev.type != "cuda":
         raise RecipeError("record-kernels needs a CUDA device: kernels are compiled for it")
@@ -256,14 +293,31 @@ def report(
     from advisor.report.html import render_html, write_html
     from advisor.runtime.recipe import load_recipe
 
-    def read(path: Path) -> dict:
+    def read(path: Path, kind: str, lists: tuple[str, ...]) -> dict:
+        """`path`'s JSON, checked to be what `kind`'s writer writes, in the fields the
+        report walks (`lists`: lists of objects): a wrong file is one line, not a trace."""
         try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
+            obj = json.loads(path.read_text())
+        except (OSError, ValueError, RecursionError) as exc:
             raise AdvisorError(f"{path}: cannot read JSON: {exc}") from None
+        # files from before `kind` and `schema_version` were written carry neither
+        if not isinstance(obj, dict) or obj.get("kind", kind) != kind:
+            got = obj.get("kind") if isinstance(obj, dict) else type(obj).__name__
+            raise AdvisorError(f"{path}: not an {kind} JSON (kind {got!r})")
+        if obj.get("schema_version", 1) != 1:
+            raise AdvisorError(f"{path}: schema_version {obj.get('schema_version')!r} is not supported "
+                               "(expects 1); write it again with this advisor")
+        for name in lists:
+            value = obj.get(name, [])
+            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                raise AdvisorError(f"{path}: invalid {kind} JSON at $.{name}: expected a list of objects")
+        return obj
 
+    _writable(out, "--out")
     rec = load_recipe(recipe).to_json() if recipe else None
-    analyses, bench = [read(p) for p in analysis], read(bench_json) if bench_json else None
+    analyses = [read(p, "advisor.analysis", ("shapes",)) for p in analysis]
+    bench = (read(bench_json, "advisor.bench", ("rows", "ablation", "alone"))
+             if bench_json else None)
     page = render_html(analyses=analyses, bench=bench, recipe=rec,
                        history=load_history(journal) if journal else None, title=title)
     write_html(out, page)

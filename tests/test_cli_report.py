@@ -28,6 +28,42 @@ def test_report_bad_json_is_one_line(tmp_path):
     assert not (tmp_path / "r.html").exists()
 
 
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+ANALYSIS = RESULTS / "h200-analysis-2026-12-02.json"
+
+
+def _report(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "advisor.cli", "report", *args],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("content,says", [
+    ([], "not an advisor.analysis JSON"),
+    ({"kind": "advisor.bench", "schema_version": 1}, "not an advisor.analysis JSON"),
+    ({"kind": "advisor.analysis", "schema_version": 99}, "schema_version 99"),
+    ({"kind": "advisor.analysis", "schema_version": 1, "shapes": "x"}, "$.shapes"),
+    ({"kind": "advisor.analysis", "schema_version": 1, "shapes": [1]}, "$.shapes"),
+])
+def test_report_wrong_files_are_one_line(tmp_path, content, says):
+    bad = tmp_path / "a.json"
+    bad.write_text(json.dumps(content))
+    proc = _report(tmp_path, "--analysis", str(bad), "--out", "r.html")
+    assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_report_refuses_a_missing_journal_and_an_unwritable_out(tmp_path):
+    proc = _report(tmp_path, "--analysis", str(ANALYSIS), "--journal", "typo.journal", "--out", "r.html")
+    assert proc.returncode == 2 and "no such tune journal" in proc.stderr, proc.stderr
+    assert not (tmp_path / "typo.journal").exists() and not (tmp_path / "r.html").exists()
+    (tmp_path / "file").write_text("")
+    proc = _report(tmp_path, "--analysis", str(ANALYSIS), "--out", "file/r.html")
+    assert proc.returncode == 2 and "is not a folder" in proc.stderr, proc.stderr
+
+
 def test_report_prints_predicted_vs_measured_from_a_leave_one_out(tmp_path):
     """Session 20's H100 analysis and ablation (same machine): the console table, unfolded
     in a log (not a terminal), and the count within ±25% per length."""

@@ -23,8 +23,11 @@ def load_history(storage: str) -> list[dict[str, Any]]:
     import optuna
     from optuna.trial import TrialState
 
+    from advisor.errors import AdvisorError
     from advisor.search.study import TuneOptions, open_storage
 
+    if "://" not in storage and not Path(storage).is_file():  # opening one creates it
+        raise AdvisorError(f"--journal {storage}: no such tune journal (advisor tune writes <out>.journal)")
     store, _ = open_storage(TuneOptions(model="", shapes=(1,), out=Path(storage), dtype=None,
                                         storage=storage))
     rows = []
