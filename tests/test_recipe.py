@@ -137,3 +137,26 @@ def test_a_zero_config_value_is_an_off_switch(tmp_path):
     p = tmp_path / "ok.json"
     p.write_text(json.dumps(obj))
     assert "TMA=0" in load_recipe(p).buckets[0].plan.configs["linear_residual"]
+
+
+def test_a_recipe_for_another_model_warns_once_and_errors_when_strict():  # 20
+    """Its sites are matched anew (correct either way), but configs and timings tuned for
+    other widths apply without a word unless the parameter fingerprint is compared. A cast
+    after apply (the tuned dtype) is the same model."""
+    from advisor.runtime.recipe import fingerprint
+
+    mf = load_model_file("examples/tiny_llama.py")
+    model = build(mf, torch.device("cpu"), torch.float32)
+    same = Recipe(buckets=(Bucket(64, Plan(("rms_norm",))),),
+                  model={"fingerprint": fingerprint(model, torch.bfloat16), "dtype": "bfloat16"})
+    other = Recipe(buckets=same.buckets, model={"fingerprint": "0" * 64, "source": "other.py"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply(model, same)
+        fast = apply(model, other)
+    said = [str(w.message) for w in caught if "another model" in str(w.message)]
+    assert len(said) == 1 and "other.py" in said[0], [str(w.message) for w in caught]
+    x = inputs_for(mf, 5, 1, torch.device("cpu"))
+    torch.testing.assert_close(call(fast, x), call(model, x), atol=1e-4, rtol=1e-4)
+    with pytest.raises(RecipeError, match="another model"):
+        apply(model, other, strict=True)

@@ -36,7 +36,7 @@ from advisor.runtime import precompile
 from advisor.runtime.cudagraph import GraphCache
 from advisor.runtime.outside_graph import entered
 from advisor.runtime.plan import UNFUSED, Plan
-from advisor.runtime.recipe import Bucket, Recipe
+from advisor.runtime.recipe import Bucket, Recipe, fingerprint
 from advisor.runtime.rewrite import RewriteReport, rewrite
 from advisor.runtime.weights import arrange
 
@@ -83,6 +83,20 @@ def _traced(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
 
     return call
+
+
+def _model_mismatch(recorded: dict[str, Any], model: torch.nn.Module) -> str:
+    """Why `model` is not the one the recipe was tuned on ("" where it is, or the recipe
+    does not say: a plan file): its parameters' names and shapes differ. Dtypes count
+    only where a cast to the tuned dtype would not make them equal."""
+    want = recorded.get("fingerprint")
+    if not want or fingerprint(model) == want:
+        return ""
+    dtype = getattr(torch, str(recorded.get("dtype", "")), None)
+    if isinstance(dtype, torch.dtype) and fingerprint(model, dtype) == want:
+        return ""
+    return (f"recipe was tuned for another model ({recorded.get('source', '?')}: parameter "
+            "names, shapes or dtypes differ)")
 
 
 def _env_mismatch(recorded: dict[str, Any]) -> list[str]:
@@ -244,6 +258,14 @@ def apply(model: torch.nn.Module, recipe: Recipe | Plan, *, strict: bool = False
     """
     if isinstance(recipe, Plan):
         recipe = Recipe.from_plan(recipe)
+    other = _model_mismatch(recipe.model, model)
+    if other:
+        if strict:
+            raise RecipeError(other)
+        # every site is matched and checked anew on this model (item 20): only the tuned
+        # configs and timings may not fit it
+        warnings.warn(f"advisor: {other}; its sites are matched anew on this one, its kernel "
+                      "configs and timings were tuned for the other", stacklevel=2)
     problems = _env_mismatch(recipe.environment)
     if problems:
         msg = "recipe was tuned in another environment (" + "; ".join(problems) + ")"

@@ -31,6 +31,7 @@ A hand-written plan file is also accepted: {"schema_version": 1, "kind": "adviso
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import os
@@ -94,6 +95,13 @@ class Recipe:
 
 
 # ---- validation: every check names the JSON path it rejects -------------------------
+
+def fingerprint(model: Any, dtype: Any = None) -> str:
+    """sha256 of the parameter names, shapes and dtypes (every one `dtype` where given: a
+    model applied to before its cast to the tuned dtype)."""
+    rows = (f"{n}:{tuple(p.shape)}:{dtype or p.dtype}" for n, p in model.named_parameters())
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()
+
 
 def _expect(cond: bool, path: str, what: str) -> None:
     if not cond:

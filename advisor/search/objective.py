@@ -22,7 +22,6 @@ exit (the worker dies with os._exit), hang (never returns).
 from __future__ import annotations
 
 import gc
-import hashlib
 import os
 import random
 import socket
@@ -146,12 +145,6 @@ def load_context(path: str, device: str, dtype: torch.dtype, batch: int,
     model = build(mf, dev, dtype)
     return Context(mf, model, dev, dtype, batch, parse_faults(os.environ.get("ADVISOR_FAULT", "")),
                    phase)
-
-
-def fingerprint(model: torch.nn.Module) -> str:
-    """sha256 of the parameter names, shapes and dtypes."""
-    rows = (f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in model.named_parameters())
-    return hashlib.sha256("\n".join(rows).encode()).hexdigest()
 
 
 def verify_length(lower: int, length: int, number: int, seed: int) -> int:

@@ -79,7 +79,8 @@ def serve(conn: Any, spec: WorkerSpec, index: int, parent_pid: int) -> None:
     _exit_with(parent_pid)
     _no_semaphores()
     from advisor.env import environment
-    from advisor.search.objective import FATAL, HANDLERS, classify, fingerprint, load_context, one_line
+    from advisor.runtime.recipe import fingerprint
+    from advisor.search.objective import FATAL, HANDLERS, classify, load_context, one_line
 
     try:
         ctx = load_context(spec.path, _device_for(spec.device, index), spec.dtype, spec.batch,
