@@ -245,6 +245,36 @@ def test_spelled_layer_norm_is_a_layer_norm(bias, twice, dtype):
     assert {r["family"]: r for r in fast.summary()}["add_layer_norm"]["applied"] == 1
 
 
+class _WeightlessNorms(torch.nn.Module):
+    """An RMSNorm with no weight, and one whose weight multiplies after a reshape (Bamba's
+    grouped norm), after a residual add: no kernel of ours computes them."""
+
+    def __init__(self, d: int = 24, groups: int = 2):
+        super().__init__()
+        self.w, self.groups = torch.nn.Parameter(torch.rand(d) + 0.5), groups
+
+    def forward(self, x, r):
+        h = x + r
+        plain = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        g = h.view(*h.shape[:-1], self.groups, -1)
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return plain, self.w * g.view(h.shape)
+
+
+def test_weightless_rms_norms_are_analysis_only():
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import ALL_FUSIONS
+
+    model = _WeightlessNorms().eval()
+    x, r = torch.randn(2, 5, 24), torch.randn(2, 5, 24)
+    norms = [m for m in matches_of(capture(model, (x, r))) if "rms_norm" in m.family]
+    assert len(norms) == 2 and all(m.kernel is None for m in norms), norms
+    fast = apply(model, ALL_FUSIONS)
+    for got, want in zip(fast(x, r), model(x, r)):
+        torch.testing.assert_close(got, want)
+    assert not [row for row in fast.summary() if row.get("unfused")], fast.summary()
+
+
 def test_bf16_gemma_norms_read_their_cast_weight():
     """Gemma computes (1 + w.float())·n in fp32 and casts back: in bf16 the weight is a
     cast node, which the norm pattern follows to the parameter."""

@@ -142,7 +142,10 @@ def _rms_at(inv: fx.Node, params: dict[str, str]) -> Match | None:
     y, back = cast_back(y, x) if weight is not None else (y, [])
     nodes = tuple(dict.fromkeys([*casts, *core, inv, normed, *tail, *back]))
     operands = {"x": x, "weight": weight, "eps": eps, "weight_offset": offset}
-    return Match("rms_norm", "rms_norm", module_path(inv), nodes, operands, {"y": y})
+    # No weight multiply right after it (none at all, or one behind a reshape: Bamba's
+    # grouped norm): our kernels scale by a weight, so such a site is analysis only.
+    kernel = "rms_norm" if weight is not None else None
+    return Match("rms_norm", kernel, module_path(inv), nodes, operands, {"y": y})
 
 
 def _spelled_layer_norm(inv: fx.Node, d: Any, normed: fx.Node, centred: tuple[Any, fx.Node],
@@ -202,7 +205,8 @@ def _with_residual(m: Match, claimed: set[fx.Node]) -> Match:
     claimed.add(x)
     fam = "add_" + m.family
     operands = {**m.operands, "x": a, "residual": b}
-    return Match(fam, fam, m.module, (x, *m.nodes), operands, {**m.outputs, "residual": x})
+    return Match(fam, fam if m.kernel else None, m.module, (x, *m.nodes), operands,
+                 {**m.outputs, "residual": x})
 
 
 def find(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
