@@ -7,8 +7,9 @@ CUDA graph and replayed between CUDA events. Launch gaps and ramps of the kernel
 included, as in a captured forward. The spellings of one site are replayed in turn
 (`spellings_ms`: A B A B …, after a warm-up), so the device's drift over a probe does not
 land on one side of a saving: session 21's cold probe of one GEMV site read +3.8 µs in one
-run and −0.6 in the next, timed one spelling after the other. On the CPU: perf_counter
-(tests, CPU analyses).
+run and −0.6 in the next, timed one spelling after the other. Replayed in turn, the
+spellings must not read the same memory: one would time the L2 hits the other left
+(callers give each its own copies). On the CPU: perf_counter (tests, CPU analyses).
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ of a decoder shares one) both ways:
     fused_ms   = the same subgraph with the fused op     (emit, default config, direct
                  emitted                                   calls: what apply runs)
 
-each over enough random input copies to exceed twice the L2, in one CUDA graph per
-spelling, the graphs replayed in turn (profile/replay.py); saving = unfused − fused per
-site, what a CUDA-graph replay of the model gains. Weights a kernel reads as one matrix
+each over enough random input copies to exceed twice the L2 (each spelling its own
+copies: one reading the weights the other just read would find them in the L2), in one
+CUDA graph per spelling, the graphs replayed in turn (profile/replay.py); saving =
+unfused − fused per site, what a CUDA-graph replay of the model gains. Weights a kernel reads as one matrix
 are laid out back to back, as apply lays them (runtime/weights.py), so neither side pays
 a per-call concatenation.
 
@@ -311,30 +312,41 @@ def time_site(m: Match, device: torch.device | str, seed: int = 0,
         # one kept tensor serves every copy: it neither counts toward the copies past the
         # L2 nor is warmed (a causal reader skips it; it is kept across forwards)
         own = [a for i, a in enumerate(first[0]) if i not in kept]
-        sets = first + _arg_sets(m, inputs, copies_past_l2(_set_bytes(own), device) - 1, seed + 1, kept)
+        copies = copies_past_l2(_set_bytes(own), device)
+        # Each graph timed in one call reads its own copies: replayed in turn, a spelling
+        # reading the same weights as the one before it hits what that one left in the L2
+        # (session 23, H100: a 117 MB down_proj GEMV 6.7 µs faster after cuBLAS read it).
+        sets = [first + _arg_sets(m, inputs, copies - 1, seed + 1, kept)]
 
-        warm = [[_span(args[i]) for i in activations(inputs, args, facts.bases(graph)) if i not in kept]
-                for args in sets]
+        def own_sets(k: int) -> list[list[Any]]:
+            while len(sets) <= k:
+                sets.append(_arg_sets(m, inputs, copies, seed + 10 * len(sets), kept))
+            return sets[k]
+        acts = [i for i in activations(inputs, first[0], facts.bases(graph)) if i not in kept]
 
-        def over(gm: torch.fx.GraphModule | None, touch: bool = False, runs: list[list[Any]] = sets,
+        def over(gm: torch.fx.GraphModule | None, runs: list[list[Any]], touch: bool = False,
                  pdl: bool = False):
+            reads = [[_span(args[i]) for i in acts] if touch else [] for args in runs]
+
             def run() -> None:
                 with programmatic_launch(pdl):  # read at each launch: kept by the capture
-                    for args, reads in zip(runs, warm):
-                        for t in reads if touch else ():
+                    for args, touched in zip(runs, reads):
+                        for t in touched:
                             t.sum()  # read once: in L2 for the site (module doc)
                         if gm is not None:
                             gm(*args)
             return run
-        per_site = lambda *ms: tuple(t / len(sets) for t in ms)  # noqa: E731
-        unfused, fused = per_site(*spellings_ms([over(ref_gm), over(fused_gm)], device))
+        per_site = lambda *ms: tuple(t / copies for t in ms)  # noqa: E731
+        unfused, fused = per_site(*spellings_ms([over(ref_gm, own_sets(0)), over(fused_gm, own_sets(1))],
+                                                device))
         if device.type != "cuda":
             return SiteTiming(unfused, fused)
 
         def warm_ms() -> Pair:
-            if not warm[0]:
+            if not acts:
                 return None, None
-            touched = [over(None, True), over(ref_gm, True), over(fused_gm, True)]
+            touched = [over(None, own_sets(2), True), over(ref_gm, own_sets(0), True),
+                       over(fused_gm, own_sets(1), True)]
             touch, ref_ms, fused_ms = spellings_ms(touched, device)
             return per_site(ref_ms - touch, fused_ms - touch)
 
@@ -342,18 +354,20 @@ def time_site(m: Match, device: torch.device | str, seed: int = 0,
             blocks = facts.blocks_read(inputs)
             if not blocks:
                 return None, None
-            runs = _in_blocks(inputs, sets, blocks, facts.bases(graph), seed + 2)
+            ref_runs, fused_runs = (_in_blocks(inputs, own_sets(k), blocks, facts.bases(graph), seed + 2 + k)
+                                    for k in (1, 2))
             # beside the captured spelling on contiguous inputs, so what the blocks cost it
             # is one call's difference; re-based on the cold timing
             ref_ms, ref_blocks, fused_blocks = per_site(*spellings_ms(
-                [over(ref_gm), over(ref_gm, runs=runs), over(fused_gm, runs=runs)], device))
+                [over(ref_gm, own_sets(0)), over(ref_gm, ref_runs), over(fused_gm, fused_runs)], device))
             return unfused + ref_blocks - ref_ms, unfused + fused_blocks - ref_ms
 
         def pdl_ms() -> Pair:
             if not pdl_supported(device):
                 return None, None
             try:
-                return per_site(*spellings_ms([over(ref_gm), over(fused_gm, pdl=True)], device))
+                return per_site(*spellings_ms([over(ref_gm, own_sets(0)),
+                                               over(fused_gm, own_sets(1), pdl=True)], device))
             except CaptureFailed:  # PDL launches in a graph: driver- and Triton-dependent
                 if not _usable(device):
                     raise
