@@ -18,7 +18,9 @@ documented, versioned JSON (schema "advisor.analysis", version 1):
                                  device_saving_ms (measured on the analysis device, per
                                  forward; null where not measured), probe_note (why not),
                                  site_savings_ms, device_saving_warm_ms, device_saving_pdl_ms,
-                                 site_sliced (the probe's variants, graph/candidates.py)}]}]}
+                                 site_sliced (the probe's variants, graph/candidates.py)}],
+                 "probe_configs": {family: config} (analyze --recipe: the configs probed;
+                                  {}: each kernel's default)}]}
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from advisor.graph.capture import capture
 from advisor.loader import ModelFile, build, checked_forward, inputs_for
 from advisor.profile import Budget, Ceilings, gpu_busy_fraction, profile_model, verdict
 from advisor.profile.merge_probe import MERGE_KERNEL, merge_shape, probe_merges
+from advisor.runtime.recipe import Recipe
 from advisor.runtime.site_probe import probe_sites
 
 SCHEMA_VERSION = 1
@@ -48,6 +51,7 @@ class ShapeAnalysis:
     verdict: str
     gpu_busy_fraction: float
     candidates: tuple[Candidate, ...]
+    probe_configs: dict[str, str] = dataclasses.field(default_factory=dict)  # family -> config probed
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,8 @@ def costs_from(ceilings: Ceilings) -> Costs:
 
 
 def find_candidates(model: torch.nn.Module, inputs: Any, ceilings: Ceilings,
-                    device: torch.device | None = None) -> tuple[Candidate, ...]:
+                    device: torch.device | None = None,
+                    configs: dict[str, str] | None = None) -> tuple[Candidate, ...]:
     """Candidates priced by the ceilings; with `device`, each site's device-time saving
     measured there: merges as cuBLAS calls (profile/merge_probe.py), the other families'
     sites fused vs captured (runtime/site_probe.py, CUDA only)."""
@@ -75,7 +80,7 @@ def find_candidates(model: torch.nn.Module, inputs: Any, ceilings: Ceilings,
     if device is None:
         return tuple(candidates(matches, costs_from(ceilings)))
     merges = probe_merges(matches, device)
-    sites = probe_sites(matches, device)
+    sites = probe_sites(matches, device, configs)
 
     def measured(m: Any) -> float | None:
         if m.kernel == MERGE_KERNEL:
@@ -99,27 +104,36 @@ def find_candidates(model: torch.nn.Module, inputs: Any, ceilings: Ceilings,
 def analyze_shape(mf: ModelFile, model: torch.nn.Module, seq_len: int, batch: int,
                   device: torch.device, dtype: torch.dtype, ceilings: Ceilings, *,
                   iters: int = 5, trace_path: Path | None = None,
-                  phase: str = "prefill", probe: bool = True) -> ShapeAnalysis:
-    """seq_len is the prompt length (prefill) or the KV-cache context length (decode)."""
+                  phase: str = "prefill", probe: bool = True,
+                  configs: dict[str, str] | None = None) -> ShapeAnalysis:
+    """seq_len is the prompt length (prefill) or the KV-cache context length (decode);
+    `configs`: family -> kernel config the site probe runs (default: each kernel's own)."""
     inputs = inputs_for(mf, seq_len, batch, device, phase=phase, dtype=dtype)
     checked_forward(mf, model, inputs)  # a raising forward is one clear error, first
     budget = profile_model(model, inputs, device, dtype, ceilings=ceilings, iters=iters,
                            trace_path=trace_path)
+    configs = dict(configs or {}) if probe else {}
     return ShapeAnalysis(seq_len, budget, verdict(budget), gpu_busy_fraction(budget),
-                         find_candidates(model, inputs, ceilings, device if probe else None))
+                         find_candidates(model, inputs, ceilings, device if probe else None, configs),
+                         configs)
 
 
 def analyze(mf: ModelFile, shapes: tuple[int, ...], batch: int, device: torch.device,
             dtype: torch.dtype, ceilings: Ceilings, *, iters: int = 5,
-            trace_dir: Path | None = None, phase: str = "prefill", probe: bool = True) -> Analysis:
+            trace_dir: Path | None = None, phase: str = "prefill", probe: bool = True,
+            recipe: Recipe | None = None) -> Analysis:
+    """`recipe`: the site probe runs each family's kernel in the config of the recipe's
+    bucket for the length (what that tuned plan runs), so its savings are that plan's."""
     from advisor.env import environment
 
     model = build(mf, device, dtype)
     results = []
     for seq_len in shapes:
         trace = trace_dir / f"trace-{seq_len}.json" if trace_dir else None
+        bucket = recipe.bucket_for(seq_len) if recipe else None
         results.append(analyze_shape(mf, model, seq_len, batch, device, dtype, ceilings,
-                                     iters=iters, trace_path=trace, phase=phase, probe=probe))
+                                     iters=iters, trace_path=trace, phase=phase, probe=probe,
+                                     configs=dict(bucket.plan.configs) if bucket else None))
     return Analysis(str(mf.path), str(device), str(dtype).replace("torch.", ""), batch,
                     environment(device), ceilings, tuple(results), phase)
 
@@ -142,7 +156,8 @@ def to_json(a: Analysis) -> dict[str, Any]:
         cands = [{**_plain(c), "applicable": c.applicable} for c in s.candidates]
         shapes.append({"seq_len": s.seq_len, "verdict": s.verdict,
                        "gpu_busy_fraction": s.gpu_busy_fraction,
-                       "budget": _plain(s.budget), "candidates": cands})
+                       "budget": _plain(s.budget), "candidates": cands,
+                       "probe_configs": dict(s.probe_configs)})
     return {"schema_version": SCHEMA_VERSION, "kind": "advisor.analysis", "model": a.model,
             "device": a.device, "dtype": a.dtype, "batch": a.batch, "phase": a.phase,
             "environment": a.environment, "git_sha": source_revision(),

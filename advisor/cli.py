@@ -88,6 +88,9 @@ def analyze(
     probe: Annotated[bool, typer.Option(
         "--probe/--no-probe",
         help="time each distinct fusion site fused and unfused on the device")] = True,
+    recipe: Annotated[Path | None, typer.Option(
+        help="probe each family's kernel in this recipe's config for the length (the saving "
+        "of that tuned plan; default: each kernel's default config)")] = None,
 ) -> None:
     """Where does the time go, and what should be fused? Budget + ranked candidates."""
     from advisor.analyze import analyze as run
@@ -95,10 +98,11 @@ def analyze(
     from advisor.loader import load_model_file, parse_shapes
     from advisor.profile import load_or_measure
     from advisor.report.console import render_analysis
-    from advisor.runtime.recipe import write_json_atomic
+    from advisor.runtime.recipe import load_recipe, write_json_atomic
 
     lengths = parse_shapes(shapes)
     mf = load_model_file(model)
+    rec = load_recipe(recipe) if recipe else None
     _writable(json_path, "--json")
     _writable(trace, "--trace", folder=True)
     dev, dt = _device_dtype(device, dtype)
@@ -106,7 +110,7 @@ def analyze(
     if trace is not None:
         trace.mkdir(parents=True, exist_ok=True)
     result = run(mf, lengths, batch, dev, dt, ceilings, iters=iters, trace_dir=trace, phase=phase,
-                 probe=probe)
+                 probe=probe, recipe=rec)
     render_analysis(result, stdout, top=top)
     if json_path is not None:
         write_json_atomic(json_path, to_json(result))

@@ -9,7 +9,8 @@
 #   bench   RECIPE (default the committed one; pass tune's output) vs eager and both
 #           torch.compile modes at 1/128/512/2048: latency, kernels, cold start fields
 #   ablate  each family of RECIPE toggled at 1/512, for predicted-vs-measured savings
-#   predict issue 7's predicted-vs-measured: analyze at PREDICT_SHAPES (default 1,512), then
+#   predict issue 7's predicted-vs-measured: analyze at PREDICT_SHAPES (default 1,512), its probe
+#           running RECIPE's kernel configs (analyze --recipe), then
 #           each family of RECIPE timed alone on the unfused model there (bench --alone), and
 #           the predicted-vs-measured table (advisor report); PREDICT_ABLATE=1 adds the
 #           leave-one-out in the same bench (~190 s more at 1/512: raise ALONE_S); REPEATS=N
@@ -75,7 +76,7 @@ ablate)
   tail -40 "$OUT/ablate.log" ;;  # then, here: advisor report --analysis … --bench ablate.json
 predict)
   timeout ${ANALYZE_S:-200} python3 -m advisor.cli analyze $model --shapes ${PREDICT_SHAPES:-1,512} \
-    --json "$OUT/analysis.json" > "$OUT/analyze.log" 2>&1
+    --recipe "$RECIPE" --json "$OUT/analysis.json" > "$OUT/analyze.log" 2>&1
   echo "analyze rc=$?" >> "$OUT/analyze.log"; tail -2 "$OUT/analyze.log"
   timeout ${ALONE_S:-$(( 330 * ${REPEATS:-1} ))} python3 -m advisor.cli bench $model --recipe "$RECIPE" --shapes ${PREDICT_SHAPES:-1,512} \
     --compile none --alone ${PREDICT_ABLATE:+--ablate} --repeats ${REPEATS:-1} --json "$OUT/alone.json" \

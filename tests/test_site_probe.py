@@ -210,8 +210,28 @@ def test_probe_timings_price_the_candidates(matches):
                           for c in others)
 
 
+def test_a_recipes_configs_are_probed_and_keyed(matches, monkeypatch):
+    """analyze --recipe: a family's sites run its kernel in the recipe's config (the tuned
+    plan's saving), and the probe's answers are keyed by that config."""
+    m = next(m for m in matches if m.family == "add_rms_norm")
+    config = "BLOCK_N=64,ROWS_PER_PROG=2,num_warps=2"
+    _, fused_gm, _, _ = site_probe.spellings(m, {}, config)
+    assert [n for n in fused_gm.graph.nodes if config in n.args], "the fused op runs the config"
+    probed = []
+
+    def timed(m, device, seed=0, facts=None, config=""):
+        probed.append((m.family, config))
+        return site_probe.SiteTiming(2.0, 1.0)
+    monkeypatch.setattr(site_probe, "time_site", timed)
+    monkeypatch.setattr(site_probe, "skip_reason", lambda m, device: None)
+    probe = site_probe.probe_sites(matches, CPU, {"add_rms_norm": config})
+    assert ("add_rms_norm", config) in probed and ("rms_norm", "") in probed
+    assert probe.saving_ms(m) == 1.0 and probe.reason(m) == ""
+    assert site_probe.SiteProbe(probe.timings, {}, probe.facts).saving_ms(m) is None  # keyed by config
+
+
 def test_a_failing_site_is_skipped_with_its_error(matches, monkeypatch):
-    def boom(m, device, seed=0, facts=None):
+    def boom(m, device, seed=0, facts=None, config=""):
         raise RuntimeError("kernel failed to compile\nsecond line")
     monkeypatch.setattr(site_probe, "time_site", boom)
     monkeypatch.setattr(site_probe, "skip_reason", lambda m, device: None)
@@ -236,6 +256,13 @@ def test_analyze_probe_switch():
     assert cands["qkv_merge"]["device_saving_ms"] is not None
     assert len(cands["qkv_merge"]["site_savings_ms"]) == cands["qkv_merge"]["count"]
     assert cands["rms_norm"]["device_saving_ms"] is None and "CUDA" in cands["rms_norm"]["probe_note"]
+    assert on["shapes"][0]["probe_configs"] == {}
+    from advisor.runtime.plan import Plan
+    from advisor.runtime.recipe import Recipe
+
+    tuned = Recipe.from_plan(Plan(("add_rms_norm",), {"add_rms_norm": "BLOCK_N=64,ROWS_PER_PROG=2,num_warps=2"}))
+    probed = analyze(mf, (5,), 1, CPU, torch.float32, ceil, iters=1, recipe=tuned)
+    assert probed.shapes[0].probe_configs == {"add_rms_norm": "BLOCK_N=64,ROWS_PER_PROG=2,num_warps=2"}
 
 
 def test_masks_built_alike_share_a_key_and_a_window_does_not():
@@ -329,8 +356,8 @@ def test_spellings_timed_together_read_their_own_copies(matches, monkeypatch):
     m = next(m for m in matches if m.family == "add_rms_norm")
     spellings, seen = site_probe.spellings, []
 
-    def recording(m, region):
-        _, _, inputs, kept = spellings(m, region)
+    def recording(m, region, config=""):
+        _, _, inputs, kept = spellings(m, region, config)
         read = lambda *args: seen[-1][-1].update(id(a) for a in args)  # noqa: E731
         return read, read, inputs, kept
 

@@ -7,8 +7,10 @@ So on CUDA the analyzer times each distinct site (one per `site_signature`: ever
 of a decoder shares one) both ways:
 
     unfused_ms = the site's captured subgraph            (runtime/rewrite.extract)
-    fused_ms   = the same subgraph with the fused op     (emit, default config, direct
-                 emitted                                   calls: what apply runs)
+    fused_ms   = the same subgraph with the fused op     (emit, direct calls: what apply
+                 emitted                                   runs; the registry's default
+                                                           config, or a recipe's: analyze
+                                                           --recipe prices a tuned plan)
 
 each over enough random input copies to exceed twice the L2 (each spelling its own
 copies: one reading the weights the other just read would find them in the L2), in one
@@ -60,7 +62,7 @@ interpreter), and a site whose emit or kernel fails.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,7 +166,7 @@ class GraphFacts:
         return blocks_read(inputs, self.bases(inputs[0].graph), self.blocks)
 
 
-def probe_key(m: Match, facts: GraphFacts) -> tuple:
+def probe_key(m: Match, facts: GraphFacts, config: str = DEFAULT_CONFIG) -> tuple:
     """Sites timed alike: the site signature, how the kept inputs it reads are built (a
     model whose layers alternate a causal and a sliding-window mask of one shape has two
     kinds of site; a decoder's per-layer copies of one mask, one), and which inputs are
@@ -175,7 +177,7 @@ def probe_key(m: Match, facts: GraphFacts) -> tuple:
     bases = facts.bases(inputs[0].graph) if inputs else {}
     blocks = tuple((i, b.width, b.start, tuple(str(v.target) for v in view_chain(n, bases[n]) or ()))
                    for i, b in facts.blocks_read(inputs).items() for n in [inputs[i]])
-    return (*site_signature(m, DEFAULT_CONFIG), kept, blocks)
+    return (*site_signature(m, config), kept, blocks)
 
 
 @dataclass(frozen=True)
@@ -183,23 +185,27 @@ class SiteProbe:
     timings: dict[tuple, SiteTiming]   # probe_key -> timing
     skipped: dict[tuple, str]          # probe_key -> why it was not timed
     facts: GraphFacts = field(default_factory=GraphFacts, repr=False)  # for the keys
+    configs: Mapping[str, str] = field(default_factory=dict)  # family -> the config probed
+
+    def _key(self, m: Match) -> tuple:
+        return probe_key(m, self.facts, self.configs.get(m.family, DEFAULT_CONFIG))
 
     def saving_ms(self, m: Match) -> float | None:
-        t = self.timings.get(probe_key(m, self.facts))
+        t = self.timings.get(self._key(m))
         return None if t is None else t.saving_ms
 
     def warm_saving_ms(self, m: Match) -> float | None:
-        t = self.timings.get(probe_key(m, self.facts))
+        t = self.timings.get(self._key(m))
         return None if t is None else t.warm_saving_ms
 
     def pdl_saving_ms(self, m: Match) -> float | None:
-        t = self.timings.get(probe_key(m, self.facts))
+        t = self.timings.get(self._key(m))
         return None if t is None else t.pdl_saving_ms
 
     def sliced(self, m: Match) -> Sliced | None:
         """The site's column-block timing (module doc); None where it reads no block or
         that timing failed."""
-        t = self.timings.get(probe_key(m, self.facts))
+        t = self.timings.get(self._key(m))
         if t is None or t.sliced_saving_ms is None or t.sliced_unfused_ms is None:
             return None
         inputs = m.external_inputs()
@@ -211,7 +217,7 @@ class SiteProbe:
 
     def reason(self, m: Match) -> str:
         """Why `m` has no timing ("" when it has one; "not probed" when never seen)."""
-        key = probe_key(m, self.facts)
+        key = self._key(m)
         return "" if key in self.timings else self.skipped.get(key, "not probed")
 
 
@@ -276,17 +282,17 @@ def kept_inputs(inputs: list[fx.Node], region: dict[fx.Node, None]) -> list[int]
     return [i for i, n in enumerate(inputs) if n in region and n.op != "get_attr"]
 
 
-def spellings(m: Match, region: dict[fx.Node, None]) -> tuple[fx.GraphModule, fx.GraphModule,
-                                                              list[fx.Node], list[int]]:
-    """The site as captured and with the fused op, as the runtime would run them (SDPA
-    reading a kept mask takes `is_causal` where it is marked causal: runtime/causal_sdpa.py);
-    its input nodes and the kept ones (`kept_inputs`)."""
+def spellings(m: Match, region: dict[fx.Node, None], config: str = DEFAULT_CONFIG
+              ) -> tuple[fx.GraphModule, fx.GraphModule, list[fx.Node], list[int]]:
+    """The site as captured and with the fused op (its kernel in `config`), as the runtime
+    would run them (SDPA reading a kept mask takes `is_causal` where it is marked causal:
+    runtime/causal_sdpa.py); its input nodes and the kept ones (`kept_inputs`)."""
     all_kernels()  # importing the kernel modules registers their custom ops
     # Nodes other sites read too (one mask, every layer) are outputs of both spellings:
     # computed on both sides, so not priced into this site's saving (Match.shared).
     ref_gm, inputs, _ = extract(m, keep=m.shared)
     fused_gm, _, local = extract(m, keep=m.shared)
-    emit(fused_gm.graph, local, DEFAULT_CONFIG)
+    emit(fused_gm.graph, local, config)
     eliminate_dead(fused_gm.graph)  # the captured SDPA, dead beside our attention, too
     kept = kept_inputs(inputs, region)
     names = {ref_gm.graph.find_nodes(op="placeholder")[i].name for i in kept}
@@ -296,7 +302,7 @@ def spellings(m: Match, region: dict[fx.Node, None]) -> tuple[fx.GraphModule, fx
 
 
 def time_site(m: Match, device: torch.device | str, seed: int = 0,
-              facts: GraphFacts | None = None) -> SiteTiming:
+              facts: GraphFacts | None = None, config: str = DEFAULT_CONFIG) -> SiteTiming:
     """Device ms per site of the captured subgraph and of the fused op, cold and (CUDA)
     warm, reading merges' column blocks where it does, and with PDL where the device has
     it (module doc); a variant that fails leaves the cold timing standing. A kept input
@@ -305,7 +311,7 @@ def time_site(m: Match, device: torch.device | str, seed: int = 0,
     facts = facts or GraphFacts()
     graph = m.nodes[0].graph
     region = facts.region(graph)
-    ref_gm, fused_gm, inputs, kept_at = spellings(m, region)
+    ref_gm, fused_gm, inputs, kept_at = spellings(m, region, config)
     with unset_fake_temporarily(), torch.inference_mode():
         kept = {i: shape_only_value(inputs[i], region) for i in kept_at}
         first = _arg_sets(m, inputs, 1, seed, kept)
@@ -414,8 +420,12 @@ def _in_blocks(inputs: list[fx.Node], sets: list[list[Any]], blocks: dict[int, C
     return out
 
 
-def probe_sites(matches: Iterable[Match], device: torch.device | str) -> SiteProbe:
-    """Each distinct site among `matches`, timed once on `device` (or skipped, with why)."""
+def probe_sites(matches: Iterable[Match], device: torch.device | str,
+                configs: Mapping[str, str] | None = None) -> SiteProbe:
+    """Each distinct site among `matches`, timed once on `device` (or skipped, with why);
+    `configs`: family -> kernel config its fused spelling runs (a tuned plan's, to price
+    that plan; the registry default for the others)."""
+    configs = dict(configs or {})
     device = torch.device(device)
     timings: dict[tuple, SiteTiming] = {}
     skipped: dict[tuple, str] = {}
@@ -423,7 +433,8 @@ def probe_sites(matches: Iterable[Match], device: torch.device | str) -> SitePro
     facts = GraphFacts(column_blocks(matches))
     stopped = ""
     for m in matches:
-        key = probe_key(m, facts)
+        config = configs.get(m.family, DEFAULT_CONFIG)
+        key = probe_key(m, facts, config)
         if key in timings or key in skipped:
             continue
         reason = f"probing stopped after a failed capture: {stopped}" if stopped else skip_reason(m, device)
@@ -431,9 +442,9 @@ def probe_sites(matches: Iterable[Match], device: torch.device | str) -> SitePro
             skipped[key] = reason
             continue
         try:
-            timings[key] = time_site(m, device, facts=facts)
+            timings[key] = time_site(m, device, facts=facts, config=config)
         except CaptureFailed as exc:  # later captures may fail for this one's sake
             stopped = skipped[key] = f"CaptureFailed: {exc}"[:200]
         except Exception as exc:  # emit refused, a kernel failed to compile or to capture
             skipped[key] = one_line(exc)[:200]
-    return SiteProbe(timings, skipped, facts)
+    return SiteProbe(timings, skipped, facts, configs)
