@@ -20,7 +20,8 @@ documented, versioned JSON (schema "advisor.analysis", version 1):
                                  site_savings_ms, device_saving_warm_ms, device_saving_pdl_ms,
                                  site_sliced (the probe's variants, graph/candidates.py)}],
                  "probe_configs": {family: config} (analyze --recipe: the configs probed;
-                                  {}: each kernel's default)}]}
+                                  {}: each kernel's default; null: the recipe runs
+                                  unfused at this length, defaults probed)}]}
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class ShapeAnalysis:
     verdict: str
     gpu_busy_fraction: float
     candidates: tuple[Candidate, ...]
-    probe_configs: dict[str, str] = dataclasses.field(default_factory=dict)  # family -> config probed
+    # family -> config probed; None: analyze --recipe, whose plan runs unfused at this length
+    probe_configs: dict[str, str] | None = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -105,9 +107,10 @@ def analyze_shape(mf: ModelFile, model: torch.nn.Module, seq_len: int, batch: in
                   device: torch.device, dtype: torch.dtype, ceilings: Ceilings, *,
                   iters: int = 5, trace_path: Path | None = None,
                   phase: str = "prefill", probe: bool = True,
-                  configs: dict[str, str] | None = None) -> ShapeAnalysis:
+                  configs: dict[str, str] | None = None, recipe_unfused: bool = False) -> ShapeAnalysis:
     """seq_len is the prompt length (prefill) or the KV-cache context length (decode);
-    `configs`: family -> kernel config the site probe runs (default: each kernel's own)."""
+    `configs`: family -> kernel config the site probe runs (default: each kernel's own);
+    `recipe_unfused`: a recipe was given, but runs unfused at this length (recorded)."""
     inputs = inputs_for(mf, seq_len, batch, device, phase=phase, dtype=dtype)
     checked_forward(mf, model, inputs)  # a raising forward is one clear error, first
     budget = profile_model(model, inputs, device, dtype, ceilings=ceilings, iters=iters,
@@ -115,7 +118,7 @@ def analyze_shape(mf: ModelFile, model: torch.nn.Module, seq_len: int, batch: in
     configs = dict(configs or {}) if probe else {}
     return ShapeAnalysis(seq_len, budget, verdict(budget), gpu_busy_fraction(budget),
                          find_candidates(model, inputs, ceilings, device if probe else None, configs),
-                         configs)
+                         None if recipe_unfused else configs)
 
 
 def analyze(mf: ModelFile, shapes: tuple[int, ...], batch: int, device: torch.device,
@@ -133,7 +136,8 @@ def analyze(mf: ModelFile, shapes: tuple[int, ...], batch: int, device: torch.de
         bucket = recipe.bucket_for(seq_len) if recipe else None
         results.append(analyze_shape(mf, model, seq_len, batch, device, dtype, ceilings,
                                      iters=iters, trace_path=trace, phase=phase, probe=probe,
-                                     configs=dict(bucket.plan.configs) if bucket else None))
+                                     configs=dict(bucket.plan.configs) if bucket else None,
+                                     recipe_unfused=recipe is not None and bucket is None))
     return Analysis(str(mf.path), str(device), str(dtype).replace("torch.", ""), batch,
                     environment(device), ceilings, tuple(results), phase)
 
@@ -157,7 +161,7 @@ def to_json(a: Analysis) -> dict[str, Any]:
         shapes.append({"seq_len": s.seq_len, "verdict": s.verdict,
                        "gpu_busy_fraction": s.gpu_busy_fraction,
                        "budget": _plain(s.budget), "candidates": cands,
-                       "probe_configs": dict(s.probe_configs)})
+                       "probe_configs": None if s.probe_configs is None else dict(s.probe_configs)})
     return {"schema_version": SCHEMA_VERSION, "kind": "advisor.analysis", "model": a.model,
             "device": a.device, "dtype": a.dtype, "batch": a.batch, "phase": a.phase,
             "environment": a.environment, "git_sha": source_revision(),

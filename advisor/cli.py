@@ -103,6 +103,10 @@ def analyze(
     lengths = parse_shapes(shapes)
     mf = load_model_file(model)
     rec = load_recipe(recipe) if recipe else None
+    if rec is not None and not probe:
+        raise AdvisorError("--recipe sets the configs the site probe runs: it needs --probe")
+    if rec is not None and rec.model.get("phase", phase) != phase:
+        raise AdvisorError(f"--recipe {recipe} was tuned for --phase {rec.model['phase']}, not {phase}")
     _writable(json_path, "--json")
     _writable(trace, "--trace", folder=True)
     dev, dt = _device_dtype(device, dtype)
@@ -320,6 +324,13 @@ def report(
     _writable(out, "--out")
     rec = load_recipe(recipe).to_json() if recipe else None
     analyses = [read(p, "advisor.analysis", ("shapes",)) for p in analysis]
+    for path, a in zip(analysis, analyses):
+        for i, shape in enumerate(a.get("shapes", [])):
+            cands = shape.get("candidates", [])
+            if not isinstance(shape.get("seq_len"), int) or not isinstance(cands, list) or not all(
+                    isinstance(c, dict) for c in cands):
+                raise AdvisorError(f"{path}: invalid advisor.analysis JSON at $.shapes[{i}]: expected "
+                                   "an integer seq_len and a list of candidate objects")
     bench = (read(bench_json, "advisor.bench", ("rows", "ablation", "alone"))
              if bench_json else None)
     page = render_html(analyses=analyses, bench=bench, recipe=rec,
@@ -332,7 +343,9 @@ def report(
 def main() -> None:
     """Console entry point: AdvisorError -> one line on stderr, exit code 2."""
     try:
-        app(standalone_mode=False)
+        # Outside standalone mode click returns (not raises) an interrupt's or an Exit's
+        # code: Ctrl-C comes back as 130
+        code = app(standalone_mode=False)
     except AdvisorError as exc:
         stderr.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
@@ -344,6 +357,10 @@ def main() -> None:
             exc.show()
             sys.exit(2)
         raise
+    if isinstance(code, int) and code:
+        if code == 130:
+            stderr.print("aborted")
+        sys.exit(code)
 
 
 def _usage_errors() -> tuple[type[BaseException], ...]:

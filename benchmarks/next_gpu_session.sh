@@ -42,7 +42,7 @@
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
 # Several stages run in order in one command: ... next_gpu_session.sh coldstart tune
-[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, predict, coldstart, attention, prefill, deep, gemmsites, kernels, all or pack" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, predict, coldstart, attention, prefill, deep, gemmsites, kernels, order, otherplans, probetiming, all or pack" >&2; exit 2; }
 RECIPE=${RECIPE:-recipes/llama_hf-h200.json}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
@@ -198,7 +198,8 @@ probetiming)  # does the probe's timing method (or its default config) move a si
     --families $fams > "$OUT/probe-timing.log" 2>&1
   echo "probe timing rc=$?"; tail -3 "$OUT/probe-timing.log"
   python3 -c "import json, sys; from advisor.runtime.recipe import load_recipe
-plan = load_recipe(sys.argv[1]).bucket_for(int(sys.argv[2])).plan; fams = sys.argv[3].split(',')
+bucket = load_recipe(sys.argv[1]).bucket_for(int(sys.argv[2])); fams = sys.argv[3].split(',')
+plan = bucket.plan if bucket else sys.exit('the recipe runs unfused at this length')
 for name, on in (('unfused', []), ('alone', fams)):
     json.dump({'schema_version': 1, 'kind': 'advisor.plan', 'fusions': on, 'cuda_graph': True,
                'configs': {f: c for f, c in plan.configs.items() if f in on}}, open(f'/tmp/{name}.plan.json', 'w'))

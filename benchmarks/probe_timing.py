@@ -36,6 +36,7 @@ from advisor.graph.capture import capture  # noqa: E402
 from advisor.loader import build, inputs_for, load_model_file  # noqa: E402
 from advisor.profile import replay  # noqa: E402
 from advisor.runtime import site_probe  # noqa: E402
+from advisor.runtime.column_blocks import column_blocks  # noqa: E402
 from advisor.runtime.recipe import load_recipe  # noqa: E402
 from benchmarks.common import header, write  # noqa: E402
 
@@ -97,12 +98,14 @@ def main() -> None:
     model = build(mf, dev, dtype)
     recipe = load_recipe(a.recipe)
     bucket = recipe.bucket_for(a.tokens)
-    configs = dict(bucket.plan.configs) if bucket else {}
+    if bucket is None:
+        p.error(f"{a.recipe} runs unfused at {a.tokens} tokens: no configs to probe")
+    configs = dict(bucket.plan.configs)
     families = a.families.split(",")
     with torch.no_grad():
-        matches = [m for m in matches_of(capture(model, inputs_for(mf, a.tokens, 1, dev, dtype=dtype)))
-                   if m.family in families]
-    facts = site_probe.GraphFacts()
+        found = matches_of(capture(model, inputs_for(mf, a.tokens, 1, dev, dtype=dtype)))
+    matches = [m for m in found if m.family in families]
+    facts = site_probe.GraphFacts(column_blocks(found))  # keyed as probe_sites keys them
     sites: dict[tuple, Any] = {}
     for m in matches:  # one per distinct site, as probe_sites times them
         sites.setdefault(site_probe.probe_key(m, facts), m)

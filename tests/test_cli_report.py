@@ -46,6 +46,9 @@ def _report(tmp_path, *args):
     ({"kind": "advisor.analysis", "schema_version": 99}, "schema_version 99"),
     ({"kind": "advisor.analysis", "schema_version": 1, "shapes": "x"}, "$.shapes"),
     ({"kind": "advisor.analysis", "schema_version": 1, "shapes": [1]}, "$.shapes"),
+    ({"kind": "advisor.analysis", "schema_version": 1, "shapes": [{}]}, "$.shapes[0]"),
+    ({"kind": "advisor.analysis", "schema_version": 1, "shapes": [{"seq_len": 1, "candidates": [1]}]},
+     "$.shapes[0]"),
 ])
 def test_report_wrong_files_are_one_line(tmp_path, content, says):
     bad = tmp_path / "a.json"

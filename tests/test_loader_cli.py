@@ -81,6 +81,20 @@ def test_bad_compile_mode_and_output_path_fail_before_the_run(tmp_path):
     assert proc.returncode == 2 and "is a folder" in proc.stderr, proc.stderr
 
 
+def test_ctrl_c_exits_130(monkeypatch, capsys):
+    """click hands an interrupt back as a return code outside standalone mode."""
+    import advisor.loader
+    from advisor.cli import main
+
+    def interrupted(text):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(advisor.loader, "parse_shapes", interrupted)
+    monkeypatch.setattr(sys, "argv", ["advisor", "analyze", "examples/tiny_llama.py", "--device", "cpu"])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 130 and "aborted" in capsys.readouterr().err
+
+
 def test_parse_shapes():
     assert parse_shapes("512, 128,2048,128") == (128, 512, 2048)
     with pytest.raises(ModelFileError):

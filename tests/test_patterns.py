@@ -247,32 +247,43 @@ def test_spelled_layer_norm_is_a_layer_norm(bias, twice, dtype):
 
 class _WeightlessNorms(torch.nn.Module):
     """An RMSNorm with no weight, and one whose weight multiplies after a reshape (Bamba's
-    grouped norm), after a residual add: no kernel of ours computes them."""
+    grouped norm), after a residual add: no kernel of ours computes them; beside them a
+    weighted one, which ours does."""
 
     def __init__(self, d: int = 24, groups: int = 2):
         super().__init__()
         self.w, self.groups = torch.nn.Parameter(torch.rand(d) + 0.5), groups
+        self.v = torch.nn.Parameter(torch.rand(d) + 0.5)
 
     def forward(self, x, r):
         h = x + r
         plain = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
         g = h.view(*h.shape[:-1], self.groups, -1)
         g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + 1e-6)
-        return plain, self.w * g.view(h.shape)
+        weighted = self.v * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+        return plain, self.w * g.view(h.shape), weighted
 
 
-def test_weightless_rms_norms_are_analysis_only():
+def test_weightless_rms_norms_are_analysis_only_and_a_family_of_their_own():
+    """One family's sites share a kernel and a config space: the weighted norm's family
+    keeps its kernel beside them (Bamba has both)."""
     from advisor.runtime.apply import apply
     from advisor.runtime.plan import ALL_FUSIONS
 
     model = _WeightlessNorms().eval()
     x, r = torch.randn(2, 5, 24), torch.randn(2, 5, 24)
-    norms = [m for m in matches_of(capture(model, (x, r))) if "rms_norm" in m.family]
-    assert len(norms) == 2 and all(m.kernel is None for m in norms), norms
+    matches = matches_of(capture(model, (x, r)))
+    norms = {(m.family, m.kernel) for m in matches if "rms_norm" in m.family}
+    assert norms == {("rms_norm", "rms_norm"), ("rms_norm_no_weight", None),
+                     ("add_rms_norm_no_weight", None)}, norms
+    cands = {c.family: c for c in candidates(matches, Costs(launch_us=8.0, copy_gbps=4000.0))}
+    assert cands["rms_norm"].kernel == "rms_norm" and cands["rms_norm"].count == 1
     fast = apply(model, ALL_FUSIONS)
     for got, want in zip(fast(x, r), model(x, r)):
         torch.testing.assert_close(got, want)
-    assert not [row for row in fast.summary() if row.get("unfused")], fast.summary()
+    rows = fast.summary()
+    assert not [row for row in rows if row.get("unfused")], rows
+    assert {row["family"]: row for row in rows}["rms_norm"]["applied"] == 1
 
 
 def test_bf16_gemma_norms_read_their_cast_weight():

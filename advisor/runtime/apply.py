@@ -95,8 +95,8 @@ def _model_mismatch(recorded: dict[str, Any], model: torch.nn.Module) -> str:
     dtype = getattr(torch, str(recorded.get("dtype", "")), None)
     if isinstance(dtype, torch.dtype) and fingerprint(model, dtype) == want:
         return ""
-    return (f"recipe was tuned for another model ({recorded.get('source', '?')}: parameter "
-            "names, shapes or dtypes differ)")
+    return (f"recipe may have been tuned for another model ({recorded.get('source', '?')}: "
+            "parameter names, shapes or dtypes differ)")
 
 
 def _env_mismatch(recorded: dict[str, Any]) -> list[str]:
@@ -259,13 +259,11 @@ def apply(model: torch.nn.Module, recipe: Recipe | Plan, *, strict: bool = False
     if isinstance(recipe, Plan):
         recipe = Recipe.from_plan(recipe)
     other = _model_mismatch(recipe.model, model)
-    if other:
-        if strict:
-            raise RecipeError(other)
-        # every site is matched and checked anew on this model (item 20): only the tuned
-        # configs and timings may not fit it
-        warnings.warn(f"advisor: {other}; its sites are matched anew on this one, its kernel "
-                      "configs and timings were tuned for the other", stacklevel=2)
+    if other:  # a warning even when strict: a wrapper module's parameter names, or dtypes
+        # kept mixed, differ from the tuned model's without it being another model; and
+        # every site is matched and checked anew on this one (item 20)
+        warnings.warn(f"advisor: {other}; its sites are matched anew on this model, its kernel "
+                      "configs and timings were tuned for that one", stacklevel=2)
     problems = _env_mismatch(recipe.environment)
     if problems:
         msg = "recipe was tuned in another environment (" + "; ".join(problems) + ")"

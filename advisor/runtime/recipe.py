@@ -115,9 +115,11 @@ def _keys(obj: Any, path: str, required: set[str], optional: set[str] = frozense
     _expect(not unknown, path, f"unknown field(s) {sorted(unknown)}")
 
 
-def plan_from_json(obj: Any, path: str = "$") -> Plan:
+def plan_from_json(obj: Any, path: str = "$", axes: bool = True) -> Plan:
     """A plan object (a recipe bucket's, a plan file's, a tune trial's), checked field by
-    field; a RecipeError names the JSON path of what is wrong."""
+    field; a RecipeError names the JSON path of what is wrong. `axes`: configs are checked
+    against their kernels' grids (not for a recipe of another advisor version, whose grids
+    may differ: apply runs it unfused with a warning, RELIABILITY item 19)."""
     _keys(obj, path, {"fusions"}, {"configs", *PLAN_FLAGS})
     fusions = obj["fusions"]
     _expect(isinstance(fusions, list) and all(isinstance(f, str) for f in fusions),
@@ -135,7 +137,8 @@ def plan_from_json(obj: Any, path: str = "$") -> Plan:
             raise RecipeError(f"invalid recipe at {path}.configs.{fam}: {exc}") from None
         for key, value in cfg.items():
             _expect(0 <= value <= 65536, f"{path}.configs.{fam}.{key}", f"value {value} out of range")
-        _on_axes(fam, cfg, f"{path}.configs.{fam}")
+        if axes:
+            _on_axes(fam, cfg, f"{path}.configs.{fam}")
     flags = {key: obj.get(key, False) for key in PLAN_FLAGS}
     for key, value in flags.items():
         _expect(isinstance(value, bool), f"{path}.{key}", "expected true/false")
@@ -159,12 +162,25 @@ def _on_axes(family: str, cfg: dict[str, int], path: str) -> None:
 
 def _measured(obj: Any, path: str) -> dict[str, Any]:
     _expect(isinstance(obj, dict), path, "expected an object")
+    _expect(_depth(obj) <= MAX_DEPTH, path, f"nested deeper than {MAX_DEPTH}")
     for key, value in obj.items():
         if key in MEASURED_FLOATS:
             _expect(isinstance(value, (int, float)) and not isinstance(value, bool)
                     and math.isfinite(value) and value >= 0, f"{path}.{key}",
                     f"expected a finite non-negative number, got {value!r}")
     return dict(obj)
+
+
+MAX_DEPTH = 16  # free-form objects (model, environment, measured): a few levels in practice
+
+
+def _depth(obj: Any, limit: int = MAX_DEPTH + 1) -> int:
+    """Nesting depth of a JSON value, counted up to `limit` (deeper stops the walk: a
+    copy or dump of such a value would exhaust the recursion limit)."""
+    if limit <= 0 or not isinstance(obj, (dict, list)):
+        return 0
+    items = obj.values() if isinstance(obj, dict) else obj
+    return 1 + max((_depth(v, limit - 1) for v in items), default=0)
 
 
 MAX_SPEC_CHARS = 1 << 16  # one serialised specialisation: a few hundred characters
@@ -213,6 +229,10 @@ def recipe_from_json(obj: Any) -> Recipe:
           {"model", "environment", "beyond_largest", "kernels"})
     for name in ("model", "environment"):
         _expect(isinstance(obj.get(name, {}), dict), f"$.{name}", "expected an object")
+        _expect(_depth(obj.get(name, {})) <= MAX_DEPTH, f"$.{name}", f"nested deeper than {MAX_DEPTH}")
+    import advisor
+
+    ours = obj.get("environment", {}).get("advisor", advisor.__version__) == advisor.__version__
     beyond = obj.get("beyond_largest", "largest")
     _expect(beyond in BEYOND, "$.beyond_largest", f"expected one of {BEYOND}")
     raw = obj["buckets"]
@@ -225,7 +245,7 @@ def recipe_from_json(obj: Any) -> Recipe:
         _expect(isinstance(m, int) and not isinstance(m, bool) and m >= 1, f"{p}.max_len",
                 "expected a positive integer")
         _expect(not buckets or m > buckets[-1].max_len, f"{p}.max_len", "buckets must be in increasing order")
-        buckets.append(Bucket(max_len=m, plan=plan_from_json(b["plan"], f"{p}.plan"),
+        buckets.append(Bucket(max_len=m, plan=plan_from_json(b["plan"], f"{p}.plan", axes=ours),
                               measured=_measured(b.get("measured", {}), f"{p}.measured")))
     kernels = _kernels(obj["kernels"], "$.kernels") if "kernels" in obj else None
     return Recipe(buckets=tuple(buckets), model=dict(obj.get("model", {})),

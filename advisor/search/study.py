@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from advisor.errors import AdvisorError, ModelFileError
+from advisor.errors import AdvisorError, ModelFileError, RecipeError
 from advisor.runtime.plan import UNFUSED, Plan
 from advisor.runtime.recipe import Bucket, Recipe, save_recipe
 from advisor.search.objective import TrialFailed, make_objective, plan_of
@@ -228,7 +228,10 @@ def _top(trials: list[FrozenTrial], k: int) -> list[Timed]:
                   key=lambda t: (t.value, t.number))
     out: list[Timed] = []
     for t in done:
-        plan = plan_of(t.user_attrs["plan"])
+        try:
+            plan = plan_of(t.user_attrs["plan"])
+        except RecipeError:  # a journal from before a kernel's grid changed: that trial's
+            continue         # config no longer runs, the study's other trials stand
         if all(plan != c.plan for c in out):
             out.append(Timed(float(t.value), plan, t.number, t.user_attrs.get("max_error", 0.0)))
         if len(out) == k:

@@ -142,10 +142,12 @@ def _rms_at(inv: fx.Node, params: dict[str, str]) -> Match | None:
     y, back = cast_back(y, x) if weight is not None else (y, [])
     nodes = tuple(dict.fromkeys([*casts, *core, inv, normed, *tail, *back]))
     operands = {"x": x, "weight": weight, "eps": eps, "weight_offset": offset}
-    # No weight multiply right after it (none at all, or one behind a reshape: Bamba's
-    # grouped norm): our kernels scale by a weight, so such a site is analysis only.
-    kernel = "rms_norm" if weight is not None else None
-    return Match("rms_norm", kernel, module_path(inv), nodes, operands, {"y": y})
+    if weight is None:
+        # No weight multiply right after it (none at all, or one behind a reshape: Bamba's
+        # grouped norm): our kernels scale by a weight, so such a site is analysis only,
+        # a family of its own (one family's sites share a kernel and a config space)
+        return Match("rms_norm_no_weight", None, module_path(inv), nodes, operands, {"y": y})
+    return Match("rms_norm", "rms_norm", module_path(inv), nodes, operands, {"y": y})
 
 
 def _spelled_layer_norm(inv: fx.Node, d: Any, normed: fx.Node, centred: tuple[Any, fx.Node],
