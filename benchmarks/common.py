@@ -34,3 +34,14 @@ def write(name: str, payload: dict[str, Any]) -> Path:
     path = out_dir() / name
     path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     return path
+
+
+def model_on(path: str, device: str) -> tuple[Any, torch.nn.Module, torch.device, torch.dtype]:
+    """A benchmark's model file built on `device`: bf16 on CUDA, fp32 elsewhere (a smoke
+    test). Returns (model file, model, device, dtype)."""
+    from advisor.loader import build, load_model_file
+
+    dev = torch.device(device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    mf = load_model_file(path)
+    return mf, build(mf, dev, dtype), dev, dtype

@@ -33,12 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.graph.candidates import matches_of  # noqa: E402
 from advisor.graph.capture import capture  # noqa: E402
-from advisor.loader import build, inputs_for, load_model_file  # noqa: E402
+from advisor.loader import inputs_for  # noqa: E402
 from advisor.profile import replay  # noqa: E402
 from advisor.runtime import site_probe  # noqa: E402
 from advisor.runtime.column_blocks import column_blocks  # noqa: E402
 from advisor.runtime.recipe import load_recipe  # noqa: E402
-from benchmarks.common import header, write  # noqa: E402
+from benchmarks.common import header, model_on, write  # noqa: E402
 
 
 def sequential_ms(runs: Sequence[Callable[[], None]], device: torch.device, warm: bool = True) -> list[float]:
@@ -92,10 +92,7 @@ def main() -> None:
     p.add_argument("--json", default="probe-timing.json", help="file name under $OUT")
     p.add_argument("--device", default="cuda", help="cpu: a smoke test (interleaved, recipe-config)")
     a = p.parse_args()
-    dev = torch.device(a.device)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    mf = load_model_file(a.model)
-    model = build(mf, dev, dtype)
+    mf, model, dev, dtype = model_on(a.model, a.device)
     recipe = load_recipe(a.recipe)
     bucket = recipe.bucket_for(a.tokens)
     if bucket is None:

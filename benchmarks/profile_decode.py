@@ -23,11 +23,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.generate import advancer, greedy  # noqa: E402
-from advisor.loader import build, inputs_for, load_model_file  # noqa: E402
+from advisor.loader import inputs_for  # noqa: E402
 from advisor.runtime.apply import apply  # noqa: E402
 from advisor.runtime.recipe import load_recipe  # noqa: E402
 from advisor.state import Snapshot  # noqa: E402
-from benchmarks.common import header, write  # noqa: E402
+from benchmarks.common import header, model_on, write  # noqa: E402
 
 
 def kernel_table(prof: Any, steps: int, top: int = 25) -> tuple[list[dict[str, Any]], float, float]:
@@ -95,10 +95,7 @@ def main() -> None:
     p.add_argument("--reduce-overhead", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--json", default="profile-decode.json", help="file name under $OUT")
     a = p.parse_args()
-    dev = torch.device(a.device)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    mf = load_model_file(a.model)
-    model = build(mf, dev, dtype)
+    mf, model, dev, dtype = model_on(a.model, a.device)
     contexts = [int(c) for c in a.contexts.split(",")]
     context = {"len": 0}
     out: dict[str, Any] = {**header(dev, contexts=a.contexts, steps=a.steps), "model": a.model, "dtype": str(dtype), "steps": a.steps,
