@@ -230,7 +230,7 @@ def recipe_from_json(obj: Any) -> Recipe:
     for name in ("model", "environment"):
         _expect(isinstance(obj.get(name, {}), dict), f"$.{name}", "expected an object")
         _expect(_depth(obj.get(name, {})) <= MAX_DEPTH, f"$.{name}", f"nested deeper than {MAX_DEPTH}")
-    import advisor
+    import advisor  # its version: another version's kernel grids may differ (plan_from_json)
 
     ours = obj.get("environment", {}).get("advisor", advisor.__version__) == advisor.__version__
     beyond = obj.get("beyond_largest", "largest")
