@@ -95,3 +95,26 @@ def example_matches():
             seen[path, tokens] = matches_of(capture(build(mf, cpu, torch.float32), inputs_for(mf, tokens, 1, cpu)))
         return seen[path, tokens]
     return get
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """`advisor ARGS` run in this process from `cwd` (a subprocess pays torch's import,
+    ~3 s): its exit code and what it printed, as subprocess.run would give them."""
+    import sys
+    from types import SimpleNamespace
+
+    from advisor.cli import main
+
+    def run(*args: str, cwd) -> SimpleNamespace:
+        monkeypatch.chdir(cwd)
+        monkeypatch.setattr(sys, "argv", ["advisor", *args])
+        capsys.readouterr()
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+    return run

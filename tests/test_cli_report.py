@@ -1,8 +1,11 @@
 """`advisor report` renders the committed H200 results into one HTML file."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
@@ -28,16 +31,7 @@ def test_report_bad_json_is_one_line(tmp_path):
     assert not (tmp_path / "r.html").exists()
 
 
-import json  # noqa: E402
-
-import pytest  # noqa: E402
-
 ANALYSIS = RESULTS / "h200-analysis-2026-12-02.json"
-
-
-def _report(tmp_path, *args):
-    return subprocess.run([sys.executable, "-m", "advisor.cli", "report", *args],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
 
 
 @pytest.mark.parametrize("content,says", [
@@ -50,20 +44,21 @@ def _report(tmp_path, *args):
     ({"kind": "advisor.analysis", "schema_version": 1, "shapes": [{"seq_len": 1, "candidates": [1]}]},
      "$.shapes[0]"),
 ])
-def test_report_wrong_files_are_one_line(tmp_path, content, says):
+def test_report_wrong_files_are_one_line(tmp_path, content, says, cli):
     bad = tmp_path / "a.json"
     bad.write_text(json.dumps(content))
-    proc = _report(tmp_path, "--analysis", str(bad), "--out", "r.html")
+    proc = cli("report", "--analysis", str(bad), "--out", "r.html", cwd=tmp_path)
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "r.html").exists()
 
 
-def test_report_refuses_a_missing_journal_and_an_unwritable_out(tmp_path):
-    proc = _report(tmp_path, "--analysis", str(ANALYSIS), "--journal", "typo.journal", "--out", "r.html")
+def test_report_refuses_a_missing_journal_and_an_unwritable_out(tmp_path, cli):
+    proc = cli("report", "--analysis", str(ANALYSIS), "--journal", "typo.journal", "--out", "r.html",
+               cwd=tmp_path)
     assert proc.returncode == 2 and "no such tune journal" in proc.stderr, proc.stderr
     assert not (tmp_path / "typo.journal").exists() and not (tmp_path / "r.html").exists()
     (tmp_path / "file").write_text("")
-    proc = _report(tmp_path, "--analysis", str(ANALYSIS), "--out", "file/r.html")
+    proc = cli("report", "--analysis", str(ANALYSIS), "--out", "file/r.html", cwd=tmp_path)
     assert proc.returncode == 2 and "is not a folder" in proc.stderr, proc.stderr
 
 

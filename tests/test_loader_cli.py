@@ -59,25 +59,25 @@ def test_missing_file_and_bad_flags(tmp_path):
 
 @pytest.mark.parametrize("args", [("analyze",), ("nosuchcommand",), ("analyze", "m.py", "--no-such-flag"),
                                   ("bench", "m.py", "--batch", "0")])
-def test_usage_errors_are_a_usage_line_and_exit_2(tmp_path, args):
+def test_usage_errors_are_a_usage_line_and_exit_2(tmp_path, args, cli):
     """Click's usage errors, whichever click raises them (typer bundles its own copy)."""
     (tmp_path / "m.py").write_text(GOOD)
-    proc = _run(*args, cwd=tmp_path)
+    proc = cli(*args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "Error:" in proc.stderr, proc.stderr
 
 
-def test_bad_compile_mode_and_output_path_fail_before_the_run(tmp_path):
+def test_bad_compile_mode_and_output_path_fail_before_the_run(tmp_path, cli):
     """Not after minutes of measuring: the mode is checked against torch.compile's, the
     output's folder for being one that can be written."""
     (tmp_path / "m.py").write_text(GOOD)
     (tmp_path / "file").write_text("")
-    proc = _run("bench", "m.py", "--device", "cpu", "--compile", "default,bogus", cwd=tmp_path)
+    proc = cli("bench", "m.py", "--device", "cpu", "--compile", "default,bogus", cwd=tmp_path)
     assert proc.returncode == 2 and "unknown torch.compile mode(s) ['bogus']" in proc.stderr, proc.stderr
     for flag in ("--json", "--trace"):
-        proc = _run("analyze", "m.py", "--device", "cpu", flag, "file/x", cwd=tmp_path)
+        proc = cli("analyze", "m.py", "--device", "cpu", flag, "file/x", cwd=tmp_path)
         assert proc.returncode == 2 and "is not a folder" in proc.stderr, proc.stderr
-    proc = _run("analyze", "m.py", "--device", "cpu", "--json", ".", cwd=tmp_path)
+    proc = cli("analyze", "m.py", "--device", "cpu", "--json", ".", cwd=tmp_path)
     assert proc.returncode == 2 and "is a folder" in proc.stderr, proc.stderr
 
 
