@@ -292,47 +292,17 @@ def report(
 ) -> None:
     """A self-contained HTML report from the JSON that analyze / bench / tune wrote; with a
     bench run --alone or --ablate, the predicted vs measured savings on the console too."""
-    import json
-
-    from advisor.errors import AdvisorError
     from advisor.report.accuracy import accuracy
     from advisor.report.console import render_accuracy
     from advisor.report.history import load_history
     from advisor.report.html import render_html, write_html
+    from advisor.report.inputs import read_analysis, read_bench
     from advisor.runtime.recipe import load_recipe
-
-    def read(path: Path, kind: str, lists: tuple[str, ...]) -> dict:
-        """`path`'s JSON, checked to be what `kind`'s writer writes, in the fields the
-        report walks (`lists`: lists of objects): a wrong file is one line, not a trace."""
-        try:
-            obj = json.loads(path.read_text())
-        except (OSError, ValueError, RecursionError) as exc:
-            raise AdvisorError(f"{path}: cannot read JSON: {exc}") from None
-        # files from before `kind` and `schema_version` were written carry neither
-        if not isinstance(obj, dict) or obj.get("kind", kind) != kind:
-            got = obj.get("kind") if isinstance(obj, dict) else type(obj).__name__
-            raise AdvisorError(f"{path}: not an {kind} JSON (kind {got!r})")
-        if obj.get("schema_version", 1) != 1:
-            raise AdvisorError(f"{path}: schema_version {obj.get('schema_version')!r} is not supported "
-                               "(expects 1); write it again with this advisor")
-        for name in lists:
-            value = obj.get(name, [])
-            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-                raise AdvisorError(f"{path}: invalid {kind} JSON at $.{name}: expected a list of objects")
-        return obj
 
     _writable(out, "--out")
     rec = load_recipe(recipe).to_json() if recipe else None
-    analyses = [read(p, "advisor.analysis", ("shapes",)) for p in analysis]
-    for path, a in zip(analysis, analyses):
-        for i, shape in enumerate(a.get("shapes", [])):
-            cands = shape.get("candidates", [])
-            if not isinstance(shape.get("seq_len"), int) or not isinstance(cands, list) or not all(
-                    isinstance(c, dict) for c in cands):
-                raise AdvisorError(f"{path}: invalid advisor.analysis JSON at $.shapes[{i}]: expected "
-                                   "an integer seq_len and a list of candidate objects")
-    bench = (read(bench_json, "advisor.bench", ("rows", "ablation", "alone"))
-             if bench_json else None)
+    analyses = [read_analysis(p) for p in analysis]
+    bench = read_bench(bench_json) if bench_json else None
     page = render_html(analyses=analyses, bench=bench, recipe=rec,
                        history=load_history(journal) if journal else None, title=title)
     write_html(out, page)
