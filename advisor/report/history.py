@@ -24,9 +24,9 @@ def load_history(storage: str) -> list[dict[str, Any]]:
     from optuna.trial import TrialState
 
     from advisor.errors import AdvisorError
-    from advisor.search.study import TuneOptions, open_storage
+    from advisor.search.study import TuneOptions, is_rdb_url, open_storage
 
-    if "://" not in storage and not Path(storage).is_file():  # opening one creates it
+    if not is_rdb_url(storage) and not Path(storage).is_file():  # opening one creates it
         raise AdvisorError(f"--journal {storage}: no such tune journal (advisor tune writes <out>.journal)")
     store, _ = open_storage(TuneOptions(model="", shapes=(1,), out=Path(storage), dtype=None,
                                         storage=storage))

@@ -131,9 +131,14 @@ class NoListener:
 # ---- storage and studies -------------------------------------------------------------
 
 
+def is_rdb_url(storage: str) -> bool:
+    """An Optuna RDB URL (postgresql://…), not a journal file path."""
+    return "://" in storage
+
+
 def open_storage(options: TuneOptions) -> tuple[Any, str]:
     """(Optuna storage, its description): an RDB URL, or a journal file (default next to out)."""
-    if options.storage and "://" in options.storage:
+    if options.storage and is_rdb_url(options.storage):
         return optuna.storages.RDBStorage(options.storage), options.storage
     path = Path(options.storage or f"{options.out}.journal")
     path.parent.mkdir(parents=True, exist_ok=True)
