@@ -335,7 +335,9 @@ def test_same_seed_same_search_and_a_rerun_with_more_trials_resumes(tiny, tmp_pa
             for i in range(2)]
     seen = [[t.params for t in _trials(_options(tiny, tmp_path / f"r{i}.json"), r.study)]
             for i, r in enumerate(runs)]
-    assert seen[0] == seen[1] and runs[0].plan == runs[1].plan  # same seed, same search
+    # Same seed, same search. Which of the trials wins is timed, and on a busy CPU (two
+    # pytest workers) the unfused and fused plans of this tiny model trade places.
+    assert seen[0] == seen[1]
     options = _options(tiny, tmp_path / "r0.json", trials=5, seed=7)
     before = _trials(options, runs[0].study)
     (again,) = tune(options).buckets
