@@ -109,6 +109,44 @@ def test_hand_written_spellings():
     assert fams["add_rms_norm"] == 1 and fams["gated_act"] == 1 and fams["gate_up_merge"] == 1
 
 
+class _LibraryNorms(torch.nn.Module):
+    """Residual block with the library's RMSNorms: torch 2.13 decomposes `F.rms_norm` and
+    `nn.RMSNorm` with eps as an add.Scalar operand, not a tensor add."""
+
+    def __init__(self, functional: bool):
+        super().__init__()
+        self.functional = functional
+        self.n1, self.n2 = torch.nn.RMSNorm(24, eps=1e-6), torch.nn.RMSNorm(24, eps=1e-6)
+        for n in (self.n1, self.n2):
+            torch.nn.init.uniform_(n.weight, 0.5, 1.5)
+        self.up = torch.nn.Linear(24, 40, bias=False)
+        self.down = torch.nn.Linear(40, 24, bias=False)
+
+    def norm(self, n, x):
+        return torch.nn.functional.rms_norm(x, (24,), n.weight, 1e-6) if self.functional else n(x)
+
+    def forward(self, x):
+        h = x + self.down(torch.relu(self.up(self.norm(self.n1, x))))
+        return self.norm(self.n2, h)
+
+
+@pytest.mark.parametrize("functional", [True, False], ids=["F.rms_norm", "nn.RMSNorm"])
+def test_library_rms_norms_are_rms_norms_and_apply(functional):
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    model = _LibraryNorms(functional)
+    x = torch.randn(2, 5, 24)
+    fams = _families(model, (x,))
+    assert fams["rms_norm_linear"] == 1 and fams["add_rms_norm"] == 1, fams
+    ref = model(x)
+    fast = apply(model, Plan(("rms_norm", "add_rms_norm")))
+    got = fast(x)
+    assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
+    applied = {r["family"]: r["applied"] for r in fast.summary() if "applied" in r}
+    assert applied == {"rms_norm": 1, "add_rms_norm": 1}
+
+
 def test_clean_path():
     assert clean_path("L['args'][0].model.layers[0].mlp") == "model.layers.0.mlp"
     assert clean_path("L['self']._modules['layers']._modules['3'].attn") == "layers.3.attn"
