@@ -105,8 +105,20 @@ def test_hand_written_spellings():
             g = self.gate(n)
             return g * torch.sigmoid(g) * self.up(n), h
 
-    fams = _families(Odd(), (torch.randn(2, 5, 24), torch.randn(2, 5, 24)))
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    model, x = Odd(), (torch.randn(2, 5, 24), torch.randn(2, 5, 24))
+    fams = _families(model, x)
     assert fams["add_rms_norm"] == 1 and fams["gated_act"] == 1 and fams["gate_up_merge"] == 1
+    # the sigmoid-form SiLU reads the gate projection twice, both reads inside the activation:
+    # still one GEMM with two accumulators
+    assert fams["gate_up_swiglu"] == 1
+    ref = model(*x)
+    fast = apply(model, Plan(("gate_up_swiglu",)))
+    for got, want in zip(fast(*x), ref):
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert [r["applied"] for r in fast.summary() if r["family"] == "gate_up_swiglu"] == [1]
 
 
 class _LibraryNorms(torch.nn.Module):

@@ -13,6 +13,7 @@ projection feeds (o_proj, down_proj: h = r + x·Wᵀ).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,14 +99,21 @@ def find_merges(gm: fx.GraphModule, params: dict[str, str], gated: list[Match]) 
     return found
 
 
-def _linear_of(node: Any, params: dict[str, str]) -> tuple[Linear, list[fx.Node]] | None:
-    """The bias-free linear whose output `node` is (through views), with those views."""
-    views = []
-    while is_op(node, *VIEW_OPS) and len(node.users) == 1:
+def _linear_of(node: Any, params: dict[str, str],
+               inside: Collection[fx.Node] = ()) -> tuple[Linear, list[fx.Node]] | None:
+    """The bias-free linear whose output `node` is (through views), with those views. Each
+    of them may be read only along the chain or by `inside` (the activation's own nodes:
+    SiLU spelled g·sigmoid(g) reads the gate twice)."""
+    views: list[fx.Node] = []
+
+    def private(n: fx.Node) -> bool:
+        return all(u in inside or (views and u is views[-1]) for u in n.users)
+
+    while is_op(node, *VIEW_OPS) and private(node):
         views.append(node)
         node = node.args[0]
     lin = linear_at(node, params) if isinstance(node, fx.Node) else None
-    if lin is None or lin.bias is not None or len(node.users) != 1:
+    if lin is None or lin.bias is not None or not private(node):
         return None
     return lin, views
 
@@ -115,7 +123,8 @@ def find_swiglu_projections(gated: list[Match], params: dict[str, str]) -> list[
     the same activation x — one GEMM with two accumulators (kernels/linear_swiglu.py)."""
     found = []
     for m in gated:
-        g, u = _linear_of(m.operands["gate"], params), _linear_of(m.operands["up"], params)
+        inside = set(m.nodes)
+        g, u = (_linear_of(m.operands[k], params, inside) for k in ("gate", "up"))
         if g is None or u is None or g[0].x is not u[0].x:
             continue
         tg, tu = fake(g[0].weight), fake(u[0].weight)
