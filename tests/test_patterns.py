@@ -159,6 +159,46 @@ def test_library_rms_norms_are_rms_norms_and_apply(functional):
     assert applied == {"rms_norm": 1, "add_rms_norm": 1}
 
 
+_HALVES = {  # id: x -> (x1, x2), the two halves of the last dim, spelled differently
+    "slice": lambda x: (x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]),
+    "negative_slice": lambda x: (x[..., : x.shape[-1] // 2], x[..., -(x.shape[-1] // 2):]),
+    "split": lambda x: torch.split(x, x.shape[-1] // 2, dim=-1),
+    "split_with_sizes": lambda x: torch.split(x, [x.shape[-1] // 2] * 2, dim=-1),
+    "chunk": lambda x: x.chunk(2, dim=-1),
+}
+
+
+class _RopeQK(torch.nn.Module):
+    def __init__(self, halves):
+        super().__init__()
+        self.halves = halves
+
+    def forward(self, q, k, cos, sin):  # q (B, Hq, T, D), k (B, Hkv, T, D), cos/sin (B, T, D)
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+
+        def rot(x):
+            x1, x2 = self.halves(x)
+            return x * c + torch.cat((-x2, x1), dim=-1) * s
+        return rot(q) * 1.5, rot(k) - 1.0
+
+
+@pytest.mark.parametrize("spelling", sorted(_HALVES))
+def test_rotate_half_spelled_by_any_split_of_the_halves_is_rope(spelling):
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    model = _RopeQK(_HALVES[spelling])
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 4, 5, 16, generator=g), torch.randn(2, 2, 5, 16, generator=g),
+         torch.randn(2, 5, 16, generator=g), torch.randn(2, 5, 16, generator=g))
+    assert _families(model, x).get("rope") == 1
+    ref = model(*x)
+    fast = apply(model, Plan(("rope",)))
+    for got, want in zip(fast(*x), ref):
+        torch.testing.assert_close(got, want)
+    assert [r["applied"] for r in fast.summary() if r["family"] == "rope"] == [1]
+
+
 def test_clean_path():
     assert clean_path("L['args'][0].model.layers[0].mlp") == "model.layers.0.mlp"
     assert clean_path("L['self']._modules['layers']._modules['3'].attn") == "layers.3.attn"

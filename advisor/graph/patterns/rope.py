@@ -32,7 +32,8 @@ from advisor.graph.match import (
 
 
 def _half_of(node: Any) -> tuple[Any, int, int] | None:
-    """(x, start, stop) when node is x[..., start:stop] by slice or split+getitem."""
+    """(x, start, stop) when node is x[..., start:stop] (step 1; a negative start counts
+    from the end) by slice, or by split / split_with_sizes and getitem."""
     t = fake(node)
     if t is None:
         return None
@@ -40,20 +41,36 @@ def _half_of(node: Any) -> tuple[Any, int, int] | None:
     if is_op(node, aten.slice.Tensor):
         x, dim = node.args[0], node.args[1]
         tx = fake(x)
-        if tx is None or dim not in (-1, tx.dim() - 1):
+        step = node.args[4] if len(node.args) > 4 else 1
+        if tx is None or dim not in (-1, tx.dim() - 1) or step != 1:
             return None
-        start = int(node.args[2]) if len(node.args) > 2 else 0
+        start = _size(node.args[2]) if len(node.args) > 2 and node.args[2] is not None else 0
+        if start is None:
+            return None
+        start = start + int(tx.shape[-1]) if start < 0 else start
         return x, start, start + width
-    if is_getitem(node) and is_op(node.args[0], aten.split.Tensor):
+    if is_getitem(node) and is_op(node.args[0], aten.split.Tensor, aten.split_with_sizes.default):
         split = node.args[0]
-        x, size = split.args[0], int(split.args[1])
+        x, sizes = split.args[0], split.args[1]
         dim = split.args[2] if len(split.args) > 2 else 0
         tx = fake(x)
         if tx is None or dim not in (-1, tx.dim() - 1):
             return None
-        start = int(node.args[1]) * size
+        i = int(node.args[1])
+        before = [_size(s) for s in sizes[:i]] if isinstance(sizes, (list, tuple)) else [_size(sizes)] * i
+        if None in before:
+            return None
+        start = sum(before)
         return x, start, start + width
     return None
+
+
+def _size(v: Any) -> int | None:
+    """A split size or slice start: an int, or (traced with dynamic shapes: `x.chunk(2)`,
+    `x[..., -(d // 2):]` of a size the graph computes) the value its node was traced with."""
+    if isinstance(v, fx.Node):
+        v = v.meta.get("val")
+    return int(v) if isinstance(v, (int, torch.SymInt)) else None
 
 
 def _rotate_half(cat: fx.Node) -> tuple[Any, list[fx.Node]] | None:
