@@ -183,7 +183,7 @@ class _RopeQK(torch.nn.Module):
 
 
 @pytest.mark.parametrize("spelling", sorted(_HALVES))
-def test_rotate_half_spelled_by_any_split_of_the_halves_is_rope(spelling):
+def test_rotate_half_spelled_any_way_is_one_rope_site(spelling):
     from advisor.runtime.apply import apply
     from advisor.runtime.plan import Plan
 
