@@ -159,6 +159,44 @@ def test_library_rms_norms_are_rms_norms_and_apply(functional):
     assert applied == {"rms_norm": 1, "add_rms_norm": 1}
 
 
+def test_an_eps_add_with_alpha_is_not_an_rms_norm():
+    """add.Scalar(ms, eps, alpha) adds alpha·eps: not the norm's eps. Beside a plain norm of
+    the same shape it would pass on that norm's confirmation (one per site signature)."""
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    class TwoNorms(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.rand(24) + 0.5)
+
+        def norm(self, x, alpha):
+            ms = x.pow(2).mean(-1, keepdim=True)
+            return x * torch.rsqrt(torch.ops.aten.add.Scalar(ms, 1e-6, alpha)) * self.w
+
+        def forward(self, x):
+            return self.norm(self.norm(x, 1) * 1e-3, 1e5)
+
+    model, x = TwoNorms(), torch.randn(2, 5, 24)
+    assert _families(model, (x,)).get("rms_norm") == 1
+    ref = model(x)
+    torch.testing.assert_close(apply(model, Plan(("rms_norm",)))(x), ref)
+
+
+def test_silu_of_a_projection_times_itself_is_not_a_gate_up_pair():
+    class SelfGated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.g = torch.nn.Linear(24, 40, bias=False)
+
+        def forward(self, x):
+            h = self.g(x)
+            return torch.nn.functional.silu(h) * h
+
+    fams = _families(SelfGated(), (torch.randn(2, 5, 24),))
+    assert fams.get("gated_act") == 1 and "gate_up_swiglu" not in fams, fams
+
+
 _HALVES = {  # id: x -> (x1, x2), the two halves of the last dim, spelled differently
     "slice": lambda x: (x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]),
     "negative_slice": lambda x: (x[..., : x.shape[-1] // 2], x[..., -(x.shape[-1] // 2):]),

@@ -125,8 +125,8 @@ def find_swiglu_projections(gated: list[Match], params: dict[str, str]) -> list[
     for m in gated:
         inside = set(m.nodes)
         g, u = (_linear_of(m.operands[k], params, inside) for k in ("gate", "up"))
-        if g is None or u is None or g[0].x is not u[0].x:
-            continue
+        if g is None or u is None or g[0].x is not u[0].x or g[0].node is u[0].node:
+            continue  # silu(g)·g is one projection, not two to merge
         tg, tu = fake(g[0].weight), fake(u[0].weight)
         if tg is None or tu is None or tg.shape != tu.shape or tg.dtype != tu.dtype:
             continue

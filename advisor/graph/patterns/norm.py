@@ -46,8 +46,8 @@ def _square_of(node: Any) -> Any:
 def _mean_plus_eps(node: Any) -> tuple[Any, float, list[fx.Node]] | None:
     """For add(mean(x², -1, keepdim), eps): (x, eps, nodes). eps may be an add.Scalar
     operand: `F.rms_norm` and `nn.RMSNorm` decompose to that (torch 2.13)."""
-    if not is_op(node, aten.add.Tensor, aten.add.Scalar) or node.kwargs:
-        return None
+    if not is_op(node, aten.add.Tensor, aten.add.Scalar) or node.kwargs or len(node.args) != 2:
+        return None  # an alpha (a kwarg of add.Tensor, positional in add.Scalar) scales eps
     mean = next((a for a in node.args[:2] if is_op(a, aten.mean.dim)), None)
     eps = scalar(other_arg(node, mean)) if mean is not None else None
     if mean is None or eps is None or not is_last_dim(mean.args[1], mean.args[0]):
