@@ -67,7 +67,10 @@ def _half_of(node: Any) -> tuple[Any, int, int] | None:
 
 def _size(v: Any) -> int | None:
     """A split size or slice start: an int, or (traced with dynamic shapes: `x.chunk(2)`,
-    `x[..., -(d // 2):]` of a size the graph computes) the value its node was traced with."""
+    `x[..., -(d // 2):]` of a size the graph computes) the value its node was traced with.
+    int() of a SymInt guards on it, unlike `capture.hint`, on purpose: which halves a site
+    rotates must hold for every call the graph serves (these derive from the head dim,
+    fixed by the weights, so the guard costs no recompiles across lengths)."""
     if isinstance(v, fx.Node):
         v = v.meta.get("val")
     return int(v) if isinstance(v, (int, torch.SymInt)) else None
