@@ -237,6 +237,36 @@ def test_rotate_half_spelled_any_way_is_one_rope_site(spelling):
     assert [r["applied"] for r in fast.summary() if r["family"] == "rope"] == [1]
 
 
+class _PartialRope(torch.nn.Module):
+    """Partial rotary applied per tensor: q's cat(rotated, passed) reads q's rotation before
+    k's slice is taken, so the fused op's operand (k's slice) must move up."""
+
+    def forward(self, q, k, cos, sin):  # q (B, Hq, T, D), k (B, Hkv, T, D), cos/sin (B, T, D/2)
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+
+        def rot(x):
+            xr, xp = x[..., :8], x[..., 8:]
+            half = torch.cat((-xr[..., 4:], xr[..., :4]), dim=-1)
+            return torch.cat((xr * c + half * s, xp), dim=-1)
+        return rot(q), rot(k)
+
+
+def test_partial_rotary_applied_per_tensor_is_one_rope_site():
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(2, 4, 5, 16, generator=g), torch.randn(2, 2, 5, 16, generator=g),
+         torch.randn(2, 5, 8, generator=g), torch.randn(2, 5, 8, generator=g))
+    model = _PartialRope()
+    ref = model(*x)
+    fast = apply(model, Plan(("rope",)))
+    for got, want in zip(fast(*x), ref):
+        torch.testing.assert_close(got, want)
+    (row,) = [r for r in fast.summary() if r["family"] == "rope"]
+    assert row["applied"] == 1, row
+
+
 def test_clean_path():
     assert clean_path("L['args'][0].model.layers[0].mlp") == "model.layers.0.mlp"
     assert clean_path("L['self']._modules['layers']._modules['3'].attn") == "layers.3.attn"

@@ -16,7 +16,7 @@ from torch._guards import detect_fake_mode
 from torch.utils import _pytree as pytree
 
 from advisor.graph.capture import fake, hint
-from advisor.graph.match import Match, aten
+from advisor.graph.match import VIEW_OPS, Match, aten
 
 # kernel id -> (operand names in call order, output names in result order)
 KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -68,15 +68,48 @@ def _position(graph: fx.Graph) -> dict[fx.Node, int]:
 
 
 def _insert_point(graph: fx.Graph, m: Match, operands: list[Any]) -> fx.Node:
-    """Right after the last operand; must precede every outside reader of an output."""
+    """Right after the last operand; must precede every outside reader of an output. An
+    operand that is a view taken after that reader (partial rotary applied per tensor:
+    q's `cat(rotated, passed)` reads q's rotation before k's slice is taken) moves up."""
     pos = _position(graph)
     deps = [a for a in pytree.tree_leaves(list(operands)) if isinstance(a, fx.Node)]
-    last = max(deps, key=pos.__getitem__)
     inside = set(m.nodes)
     readers = [u for o in m.outputs.values() for u in o.users if u not in inside]
+    if readers:
+        first = min(readers, key=pos.__getitem__)
+        late = _views_to_hoist(deps, first, pos, inside)
+        for n in late or ():
+            first.prepend(n)
+        pos = _position(graph) if late else pos
+    last = max(deps, key=pos.__getitem__)
     if readers and pos[last] >= min(pos[u] for u in readers):
         raise EmitError("operands are produced after an output is read")
     return last
+
+
+_MULTI_VIEWS = {aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int}
+
+
+def _views_to_hoist(deps: list[fx.Node], before: fx.Node, pos: dict[fx.Node, int],
+                    inside: set[fx.Node]) -> list[fx.Node] | None:
+    """The nodes at or after `before` that the operands need, in graph order, when all of
+    them are views (metadata only: moving one earlier changes no value); None otherwise."""
+    need: dict[fx.Node, None] = {}
+
+    def visit(n: fx.Node) -> bool:
+        if pos[n] < pos[before] or n in need:
+            return True
+        view = n.op == "call_function" and not n.kwargs and n not in inside and (
+            (n.target in VIEW_OPS and n.target not in _MULTI_VIEWS)
+            or (n.target is operator.getitem and getattr(n.args[0], "target", None) in _MULTI_VIEWS))
+        if not view or not all(visit(a) for a in n.all_input_nodes):
+            return False
+        need[n] = None
+        return True
+
+    if not all(visit(d) for d in deps):
+        return None
+    return sorted(need, key=pos.__getitem__)
 
 
 def _same_layout(want: torch.Tensor, got: torch.Tensor | None) -> bool:
