@@ -16,6 +16,7 @@ from torch._guards import detect_fake_mode
 from torch.utils import _pytree as pytree
 
 from advisor.graph.capture import fake, hint
+from advisor.graph.cse import written_by
 from advisor.graph.match import VIEW_OPS, Match, aten
 
 # kernel id -> (operand names in call order, output names in result order)
@@ -109,7 +110,19 @@ def _views_to_hoist(deps: list[fx.Node], before: fx.Node, pos: dict[fx.Node, int
 
     if not all(visit(d) for d in deps):
         return None
+    # The fused op now reads those views before `before`: nothing from there to the site's
+    # last node may write memory (a cache written in place in between would be read stale).
+    end = max((pos[n] for n in inside), default=pos[before])
+    span = [n for n, i in pos.items() if pos[before] <= i <= end]
+    if any(_may_write(n) for n in span):
+        return None
     return sorted(need, key=pos.__getitem__)
+
+
+def _may_write(node: fx.Node) -> bool:
+    """Whether the node may write a tensor (size arithmetic on SymInts writes nothing)."""
+    writes = written_by(node)
+    return bool(writes) or (writes is None and isinstance(node.meta.get("val"), torch.Tensor))
 
 
 def _same_layout(want: torch.Tensor, got: torch.Tensor | None) -> bool:
