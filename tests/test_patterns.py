@@ -267,6 +267,32 @@ def test_partial_rotary_applied_per_tensor_is_one_rope_site():
     assert row["applied"] == 1, row
 
 
+class _EagerAttention(torch.nn.Module):
+    """transformers' eager attention on 4-D tensors: GQA by expand, softmax upcast to fp32
+    and cast back; `@` lowers to expand → view → bmm on both sides of the softmax."""
+
+    def __init__(self, read_by_matmul: bool = True):
+        super().__init__()
+        self.read_by_matmul = read_by_matmul
+
+    def forward(self, q, k, v, mask):  # q (B, 4, T, D), k/v (B, 2, T, D), mask (T, T)
+        k, v = (t[:, :, None].expand(-1, -1, 2, -1, -1).reshape(q.shape[0], 4, *t.shape[2:])
+                for t in (k, v))
+        scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + mask
+        p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return p @ v if self.read_by_matmul else p.sum(-1)
+
+
+@pytest.mark.parametrize("read_by_matmul", [True, False])
+def test_explicit_4d_attention_is_an_attention_candidate(read_by_matmul):
+    t = 6
+    x = (torch.randn(2, 4, t, 16, dtype=torch.bfloat16), torch.randn(2, 2, t, 16, dtype=torch.bfloat16),
+         torch.randn(2, 2, t, 16, dtype=torch.bfloat16),
+         torch.full((t, t), -1e4, dtype=torch.bfloat16).triu(1))
+    fams = _families(_EagerAttention(read_by_matmul), x)
+    assert fams.get("attention") == (1 if read_by_matmul else None), fams
+
+
 def test_clean_path():
     assert clean_path("L['args'][0].model.layers[0].mlp") == "model.layers.0.mlp"
     assert clean_path("L['self']._modules['layers']._modules['3'].attn") == "layers.3.attn"

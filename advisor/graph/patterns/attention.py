@@ -17,7 +17,7 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from advisor.graph.capture import fake, hint, module_path
-from advisor.graph.match import Match, aten, is_getitem, is_op, strip_views
+from advisor.graph.match import CAST_OPS, Match, aten, is_getitem, is_op, strip_views
 from advisor.kernels.masks import MASKED_BIAS
 
 SDPA_OPS = tuple(
@@ -33,15 +33,21 @@ MATMUL_OPS = (aten.bmm.default, aten.mm.default, aten.matmul.default)
 
 
 def _explicit_attention(softmax: fx.Node) -> tuple[fx.Node, ...] | None:
-    """matmul → [mul/div scale] → [add mask] → softmax → matmul, as nodes; else None."""
+    """matmul → [mul/div scale] → [add mask] → [cast] → softmax → [cast] → matmul, as nodes;
+    else None. On 4-D tensors `@` is expand → view → bmm on both sides of the softmax."""
     chain, node = [softmax], softmax.args[0]
-    while is_op(node, aten.mul.Tensor, aten.div.Tensor, aten.add.Tensor, *_VIEWS):
+    while is_op(node, aten.mul.Tensor, aten.div.Tensor, aten.add.Tensor, *_VIEWS, *CAST_OPS):
         chain.append(node)
         node = node.args[0]
     if not is_op(node, *MATMUL_OPS):
         return None
-    out = next((u for u in softmax.users if is_op(u, *MATMUL_OPS)), None)
-    return (node, *reversed(chain), out) if out is not None else None
+    after, cur = [], softmax
+    while (out := next((u for u in cur.users if is_op(u, *MATMUL_OPS)), None)) is None:
+        if len(cur.users) != 1 or not is_op(nxt := next(iter(cur.users)), *_VIEWS, *CAST_OPS):
+            return None
+        after.append(nxt)
+        cur = nxt
+    return (node, *reversed(chain), *after, out)
 
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.expand.default)
