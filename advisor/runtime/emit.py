@@ -110,6 +110,8 @@ def _views_to_hoist(deps: list[fx.Node], before: fx.Node, pos: dict[fx.Node, int
 
     if not all(visit(d) for d in deps):
         return None
+    if not need:
+        return []  # the common case: every operand precedes the reader
     # The fused op now reads those views before `before`: nothing from there to the site's
     # last node may write memory (a cache written in place in between would be read stale).
     end = max((pos[n] for n in inside), default=pos[before])
