@@ -2,7 +2,8 @@
 model: `apply` with every family matches eager, refuses no site it found, and removes
 launches. Each brings a spelling a model we have not seen may use: GPT-2's spelled-out
 GELU and biased LayerNorm, OPT's (B·T, D) MLP rows, Phi's partial rotary and gelu_new in
-the GEMM, Qwen3's and OLMo2's head norms (OLMo2: fp32 RoPE tables).
+the GEMM, Qwen3's and OLMo2's head norms (OLMo2: fp32 RoPE tables), Phi-3's merged weights
+and the copies it makes between ops we fuse.
 (Mixtral, Falcon, Qwen3-MoE, StableLM, Starcoder2, GPT-J, Gemma3, Granite, Cohere and CLIP's text
 model were checked the same way by hand in session 13; tests/test_apply.py and
 tests/test_patterns.py cover Cohere and GPT-J's MLP.)"""
@@ -28,6 +29,10 @@ FAMILIES = {
     "Olmo2": ("Olmo2Config", "Olmo2ForCausalLM", _DECODER, {"attention_rope", "rms_norm"}),
     "Phi": ("PhiConfig", "PhiForCausalLM", dict(_DECODER, num_key_value_heads=4, partial_rotary_factor=0.5),
             {"linear_bias_act", "rope"}),
+    # Phi-3: eval dropout's clones between the GEMMs and their residual adds, and its
+    # partial-rotary cat with an empty pass-through part before the attention (graph/copies.py)
+    "Phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_DECODER, pad_token_id=0),
+             {"attention_rope", "linear_residual", "gated_act_linear"}),
     "GPT2": ("GPT2Config", "GPT2LMHeadModel", _GPT, {"bias_act", "add_layer_norm"}),
     "OPT": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=64, ffn_dim=96, num_hidden_layers=2,
                                                  num_attention_heads=4, vocab_size=128,

@@ -80,12 +80,15 @@ def aten_backend(
 def capture(model: torch.nn.Module, inputs: Inputs) -> Captured:
     """Trace one forward of `model(*inputs)` and return its aten graphs (not executed
     faster: the graphs are run as-is)."""
-    from advisor.graph.inplace import write_inputs_in_place  # imports graph.match, which imports us
+    # these import graph.match, which imports us
+    from advisor.graph.copies import drop_identity_copies
+    from advisor.graph.inplace import write_inputs_in_place
 
     parts: list[GraphPart] = []
 
     def keep(gm: fx.GraphModule, params: dict[str, str], _ex: list[Any]) -> Callable[..., Any]:
         write_inputs_in_place(gm)  # the graph the runtime rewrites (runtime/rewrite.py)
+        drop_identity_copies(gm)
         parts.append(GraphPart(gm=gm, params=params))
         return gm.forward
 

@@ -136,6 +136,24 @@ def _is_pure(node: fx.Node) -> bool:
     return not (torch.Tag.nondeterministic_seeded in node.target.tags or node.target._schema.is_mutable)
 
 
+def written_storages(graph: fx.Graph, base: dict[fx.Node, fx.Node]) -> set[fx.Node]:
+    """The storages (`storage_bases`) some node of `graph` writes; an opaque call counts as
+    writing every tensor it is given."""
+    out: set[fx.Node] = set()
+    for node in graph.nodes:
+        written = written_by(node)
+        if written is None:
+            written = _nodes_in([*node.args, *node.kwargs.values()])
+        out.update(base.get(w, w) for w in written)
+    return out
+
+
+def escaping_storages(graph: fx.Graph, base: dict[fx.Node, fx.Node]) -> set[fx.Node]:
+    """The storages the caller receives: a graph output's, or that of what it is a view of."""
+    output = next(n for n in graph.nodes if n.op == "output")
+    return {base.get(n, n) for n in _nodes_in(output.args)}
+
+
 _TIMES_ONE = {torch.ops.aten.mul.Tensor, torch.ops.aten.mul.Scalar}
 _PLUS_ZERO = {torch.ops.aten.add.Tensor, torch.ops.aten.add.Scalar,
               torch.ops.aten.sub.Tensor, torch.ops.aten.sub.Scalar}
@@ -184,16 +202,8 @@ def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
     removed. Recompiles `gm` when it changed."""
     graph = gm.graph
     base = storage_bases(graph)
-    ever_written: set[fx.Node] = set()
-    for node in graph.nodes:
-        written = written_by(node)
-        if written is None:  # opaque: any tensor it is given may be written
-            written = _nodes_in([*node.args, *node.kwargs.values()])
-        for w in written:
-            ever_written.add(base.get(w, w))
-    output = next(n for n in graph.nodes if n.op == "output")
-    # storages the caller receives (an output or a view of one): two such must stay two
-    escaping = {base.get(n, n) for n in _nodes_in(output.args)}
+    ever_written = written_storages(graph, base)
+    escaping = escaping_storages(graph, base)  # two such must stay two
     seen: dict[Any, fx.Node] = {}
     reads: dict[Any, set[fx.Node]] = {}  # key -> storages its inputs alias
     removed = 0

@@ -209,6 +209,7 @@ class AdvisedModel(torch.nn.Module):
                 "launches_after": sum(r.launches_after for r in state.reports),
                 "in_place_writes": sum(r.in_place_writes for r in state.reports),
                 "repeats_merged": sum(r.repeats_merged for r in state.reports),
+                "identity_copies_dropped": sum(r.identity_copies_dropped for r in state.reports),
                 "increments_batched": sum(r.increments_batched for r in state.reports),
                 "shape_only_memoized": sum(r.shape_only_memoized for r in state.reports),
                 "causal_sdpa": sum(r.causal_sdpa for r in state.reports),

@@ -28,6 +28,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from advisor.errors import one_line
 from advisor.graph.capture import fake, hint
+from advisor.graph.copies import drop_identity_copies
 from advisor.graph.cse import eliminate_common_subexpressions
 from advisor.graph.dce import eliminate_dead, removable
 from advisor.graph.inplace import batch_input_increments, write_inputs_in_place
@@ -79,6 +80,7 @@ class RewriteReport:
     outputs_outside_graph: int = 0  # large outputs computed after a replay, not cloned (outside_graph.py)
     seconds: float = 0.0  # host time of the whole rewrite (part of a first call's cold start)
     confirm_seconds: float = 0.0  # of which confirming sites (their kernels' first compiles too)
+    identity_copies_dropped: int = 0  # clones (eval dropout) and cats of one value (graph/copies.py)
 
 
 # Building a site's graphs infers each new node's fake value under the trace's one
@@ -323,6 +325,7 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
     all_kernels()  # importing the kernel modules registers their custom ops
     before, params = _count_launches(gm), dict(params)
     in_place = write_inputs_in_place(gm)  # a cache update: one small scatter, not two full copies
+    copies = drop_identity_copies(gm)  # eval-mode dropout's clones, between ops we fuse
     results, merged, tried = [], [], set()
     progress = True
     while progress:
@@ -384,7 +387,7 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
     use_direct_calls(gm)
     return RewriteReport(tuple(results), before, _count_launches(gm), tuple(merged), in_place,
                          repeats, increments, memoized, causal_sdpa, outside,
-                         time.perf_counter() - start, confirming)
+                         time.perf_counter() - start, confirming, copies)
 
 
 def _to_try(m: Match, plan: Plan, tried: set) -> bool:

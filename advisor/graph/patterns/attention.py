@@ -17,6 +17,7 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from advisor.graph.capture import fake, hint, module_path
+from advisor.graph.copies import through_copies
 from advisor.graph.match import CAST_OPS, Match, aten, is_getitem, is_op, strip_views
 from advisor.kernels.masks import MASKED_BIAS
 
@@ -67,8 +68,9 @@ def find(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         if not nodes:
             continue
         family, rope_nodes = "attention", ()
-        if q is not None and strip_views(q) in rope_of:
-            family, rope_nodes = "attention_rope", rope_of[strip_views(q)].nodes
+        q_src, q_copies = through_copies(strip_views(q))
+        if q is not None and q_src in rope_of:
+            family, rope_nodes = "attention_rope", (*rope_of[q_src].nodes, *q_copies)
         found.append(Match(family, None, module_path(node), (*rope_nodes, *nodes), {},
                            {"y": nodes[-1]}))
     return found
@@ -83,7 +85,7 @@ def find_cache_writes(gm: fx.GraphModule, ropes: list[Match], fusable: Sequence[
         if node not in held and is_op(node, aten.index_copy.default, aten.index_copy_.default,
                                       aten.index_put.default, aten.index_put_.default):
             src = node.args[3] if "index_copy" in str(node.target) else node.args[2]
-            family = "rope_kv_cache" if strip_views(src) in rotated else "kv_cache_write"
+            family = "rope_kv_cache" if through_copies(strip_views(src))[0] in rotated else "kv_cache_write"
             found.append(Match(family, None, module_path(node), (node,), {}, {"y": node}))
     return found
 
@@ -268,13 +270,17 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
                   "scale": float(scale), "interleaved": False, "q_pos": q_pos}
         if q_pos is not None:  # confirmation draws positions among the keys (rewrite.py)
             common["keys"] = hint(tk.shape[2])
-        rm = rope_of.get(a["query"])
-        if rm is not None and rm.outputs.get("q") is a["query"] and rm.outputs.get("k") is k:
+        # the kernel rotates q and k as it loads them: a copy of the rotation in between
+        # (a partial rotary's cat with an empty pass-through part) is not needed
+        (q_rot, q_copies), (k_rot, k_copies) = through_copies(a["query"]), through_copies(k)
+        rm = rope_of.get(q_rot)
+        if rm is not None and rm.outputs.get("q") is q_rot and rm.outputs.get("k") is k_rot:
             operands = {**common, "q": rm.operands["q"], "k": rm.operands["k"],
                         "cos": rm.operands["cos"], "sin": rm.operands["sin"],
                         "interleaved": rm.operands["interleaved"]}
-            found.append(Match("attention_rope", "attention", module_path(node), (*rm.nodes, *base),
-                               operands, {"y": y}, tuple(mask_nodes)))
+            found.append(Match("attention_rope", "attention", module_path(node),
+                               (*rm.nodes, *q_copies, *k_copies, *base), operands, {"y": y},
+                               tuple(mask_nodes)))
         operands = {**common, "q": a["query"], "k": k, "cos": None, "sin": None}
         found.append(Match("attention", "attention", module_path(node), base, operands, {"y": y},
                            tuple(mask_nodes)))

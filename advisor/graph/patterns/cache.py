@@ -4,7 +4,8 @@ one launch (kernels/rope.py `rope_qk_cache`).
 Matched on graphs whose cache update is in place again (graph/inplace.py):
 
     q_rot, k_rot = rope(q, k, cos, sin)          # a rope_qk site (patterns/rope.py)
-    index_copy_(k_cache, 2, pos, k_rot)          # k_rot read by nothing else
+    index_copy_(k_cache, 2, pos, k_rot)          # k_rot read by nothing else (or by a
+                                                 # copy of it: graph/copies.py)
     index_copy_(v_cache, 2, pos, v)              # same positions, v shaped like k
 
 with both caches graph inputs (B, Hkv, S, D). This is what `transformers`' StaticCache and
@@ -20,6 +21,7 @@ from typing import Any
 from torch import fx
 
 from advisor.graph.capture import fake, hint, module_path
+from advisor.graph.copies import through_copies
 from advisor.graph.match import Match, aten, is_op
 
 
@@ -39,15 +41,16 @@ def _same_shape(a: Any, b: Any) -> bool:
 
 def find(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
     by_pos = _writes_by_position(gm)
+    # the rotated k each write stores, through copies of it (graph/copies.py)
+    stored = {w: through_copies(w.args[3]) for ws in by_pos.values() for w in ws}
     found = []
     for r in ropes:
         k_rot = r.outputs["k"]
-        k_write = next(iter(k_rot.users)) if len(k_rot.users) == 1 else None
-        if not is_op(k_write, aten.index_copy_.default) or k_write.args[3] is not k_rot:
+        k_write = next((w for w, (src, _) in stored.items() if src is k_rot), None)
+        if k_write is None or len(k_rot.users) != 1:
             continue
-        writes = by_pos.get(k_write.args[2], [])
-        if k_write not in writes:  # not a write into a graph input along dim 2
-            continue
+        k_copies = stored[k_write][1]
+        writes = by_pos[k_write.args[2]]
         pos, k_cache = k_write.args[2], k_write.args[0]
         tc = fake(k_cache)
         # v: written at the same positions into another cache of the same shape, shaped like k
@@ -58,6 +61,6 @@ def find(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         operands = {**r.operands, "v": v_write.args[3], "k_cache": k_cache, "v_cache": v_write.args[0],
                     "cache_position": pos, "slots": hint(tc.shape[2])}
         found.append(Match("rope_kv_cache", "rope_qk_cache", r.module or module_path(k_write),
-                           (*r.nodes, k_write, v_write), operands,
+                           (*r.nodes, *k_copies, k_write, v_write), operands,
                            {"q": r.outputs["q"], "k_cache": k_write, "v_cache": v_write}))
     return found

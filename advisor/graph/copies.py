@@ -1,0 +1,102 @@
+"""Copies that change nothing: dropped before matching, and seen through by the patterns.
+
+Two spellings of "the same values again" cost a launch and a full read and write of an
+activation each, and stand between ops the patterns fuse:
+
+- `nn.Dropout` in eval mode traces to `clone(x)`. Phi-3 has one after o_proj and one after
+  down_proj, between each GEMM and its residual add, so `linear_residual` and the add+norm
+  fusions downstream did not match (4 launches per layer of a tiny Phi-3, session 25).
+- Partial rotary written for any rotary width, `cat(rope(x[..., :r]), x[..., r:])`, keeps
+  its cat when r is the whole head dim and the pass-through part is empty (Phi-3's default).
+  The cat is then a copy of the rotation, and stood between the RoPE and the attention
+  that reads it, so `attention_rope` did not match.
+
+`copied_value` names both. `drop_identity_copies` removes those whose result also has its
+input's layout (dtype, sizes, strides): readers cannot tell them apart. `through_copies`
+lets a pattern look through the others (a cat's result is contiguous where the rotation it
+copies is not) when the fused kernel does not care about its operand's layout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from advisor.graph.capture import fake
+from advisor.graph.cse import escaping_storages, storage_bases, written_storages
+from advisor.graph.match import aten, is_op
+
+
+def _known(cond: Any) -> bool:
+    """True only when `cond` holds for every size the graph may run at (no guard added)."""
+    return bool(statically_known_true(cond))
+
+
+def _same_sizes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dim() == b.dim() and all(_known(x == y) for x, y in zip(a.shape, b.shape))
+
+
+def _empty(node: Any) -> bool:
+    t = fake(node)
+    return t is not None and _known(t.numel() == 0)
+
+
+def copied_value(node: Any) -> fx.Node | None:
+    """The node whose values `node` reproduces unchanged (same dtype and sizes; the
+    layout may differ): `clone(x)` and `cat` of x with operands that are all empty."""
+    out = fake(node)
+    if out is None:
+        return None
+    src = None
+    if is_op(node, aten.clone.default) and set(node.kwargs) <= {"memory_format"}:
+        src = node.args[0]
+    elif is_op(node, aten.cat.default) and isinstance(node.args[0], (list, tuple)):
+        full = [t for t in node.args[0] if not _empty(t)]
+        src = full[0] if len(full) == 1 else None
+    t = fake(src)
+    if not isinstance(src, fx.Node) or t is None or t.dtype != out.dtype or not _same_sizes(t, out):
+        return None
+    return src
+
+
+def through_copies(node: Any) -> tuple[Any, list[fx.Node]]:
+    """(the value `node` is a copy of, the copies in the order they run) walking back
+    through `copied_value`s that each have one reader; (node, []) when it is no copy."""
+    copies: list[fx.Node] = []
+    while isinstance(node, fx.Node) and len(node.users) == 1 and (src := copied_value(node)) is not None:
+        copies.append(node)
+        node = src
+    return node, copies[::-1]
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same strides wherever a dim may hold more than one element."""
+    return _same_sizes(a, b) and all(
+        _known(size == 1) or _known(sa == sb) for size, sa, sb in zip(a.shape, a.stride(), b.stride()))
+
+
+def drop_identity_copies(gm: fx.GraphModule) -> int:
+    """Replace each copy whose result has its input's layout by its input; returns how many.
+    Kept: a copy the caller receives (it must not alias another output or an input), and
+    one whose input or result is written in place somewhere in the graph (a KV cache)."""
+    graph = gm.graph
+    base = storage_bases(graph)
+    written = written_storages(graph, base)
+    escaping = escaping_storages(graph, base)
+    removed = 0
+    for node in list(graph.nodes):
+        src = copied_value(node)
+        if src is None or not _same_layout(fake(src), fake(node)):
+            continue
+        if base[node] in escaping or base[node] in written or base.get(src, src) in written:
+            continue
+        node.replace_all_uses_with(src)
+        graph.erase_node(node)
+        removed += 1
+    if removed:
+        graph.lint()
+        gm.recompile()
+    return removed
