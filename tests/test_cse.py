@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from advisor.graph.cse import eliminate_common_subexpressions
+from advisor.graph.cse import eliminate_common_subexpressions, merge_repeated_views
 
 aten = torch.ops.aten
 
@@ -133,3 +133,30 @@ def test_times_one_and_integer_plus_zero_are_their_input():
     for w, g in zip(expected, got):
         assert torch.equal(w, g) and w.dtype == g.dtype
     assert torch.equal(torch.signbit(got[2]), torch.signbit(x + 0.0))
+
+
+def test_size_arithmetic_between_two_repeats_does_not_end_the_records():
+    def f(x):
+        a = x.sum(-1)
+        n = x.shape[0] + 1  # operator.add on a SymInt: no tensor written
+        b = x.sum(-1)
+        return a * n, b * 2
+
+    x = torch.randn(4, 6)
+    gm = make_fx(f, tracing_mode="symbolic")(x)
+    assert any(n.target.__module__ == "_operator" for n in gm.graph.nodes if n.op == "call_function")
+    assert eliminate_common_subexpressions(gm) == 1 and _count(gm, aten.sum.dim_IntList) == 1
+    for got, want in zip(gm(x), f(x)):
+        torch.testing.assert_close(got, want)
+
+
+def test_merge_repeated_views_merges_views_only():
+    def f(c, x, y):  # a hand-written RoPE takes cos.unsqueeze(1) once per call, for q and k
+        return x * c.unsqueeze(0), y * c.unsqueeze(0), c.exp() + c.exp()
+
+    args = (torch.randn(6), torch.randn(3, 6), torch.randn(2, 6))
+    gm = make_fx(f)(*args)
+    assert merge_repeated_views(gm) == 1
+    assert _count(gm, aten.unsqueeze.default) == 1 and _count(gm, aten.exp.default) == 2
+    for got, want in zip(gm(*args), f(*args)):
+        torch.testing.assert_close(got, want)

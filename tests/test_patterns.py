@@ -237,6 +237,34 @@ def test_rotate_half_spelled_any_way_is_one_rope_site(spelling):
     assert [r["applied"] for r in fast.summary() if r["family"] == "rope"] == [1]
 
 
+class _RopePerCallViews(torch.nn.Module):
+    """RoPE in a function called for q and for k, each call taking its own cos/sin views:
+    the same value in two nodes, merged before matching so q and k pair (graph/cse.py)."""
+
+    def forward(self, q, k, v, cos, sin):  # q (B, 4, T, 16), k/v (B, 2, T, 16), cos/sin (B, T, 16)
+        def rot(x):  # the chunk's size arithmetic runs between q's and k's cos views
+            return x * cos.unsqueeze(1) + torch.cat((-x.chunk(2, -1)[1], x.chunk(2, -1)[0]), -1) * sin.unsqueeze(1)
+        return torch.nn.functional.scaled_dot_product_attention(rot(q), rot(k), v, is_causal=True,
+                                                                enable_gqa=True)
+
+
+@pytest.mark.parametrize("family", ["rope", "attention_rope"])
+def test_rope_taking_its_table_views_per_call_is_one_site(family):
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(2, 4, 5, 16, generator=g), torch.randn(2, 2, 5, 16, generator=g),
+         torch.randn(2, 2, 5, 16, generator=g), torch.randn(2, 5, 16, generator=g),
+         torch.randn(2, 5, 16, generator=g))
+    model = _RopePerCallViews()
+    ref = model(*x)
+    fast = apply(model, Plan((family,)))  # a dynamic trace: size arithmetic between the views
+    torch.testing.assert_close(fast(*x), ref, atol=1e-4, rtol=1e-4)
+    (row,) = [r for r in fast.summary() if r["family"] == family]
+    assert row["applied"] == 1, row
+
+
 class _PartialRope(torch.nn.Module):
     """Partial rotary applied per tensor: q's cat(rotated, passed) reads q's rotation before
     k's slice is taken, so the fused op's operand (k's slice) must move up."""

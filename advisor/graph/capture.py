@@ -80,15 +80,12 @@ def aten_backend(
 def capture(model: torch.nn.Module, inputs: Inputs) -> Captured:
     """Trace one forward of `model(*inputs)` and return its aten graphs (not executed
     faster: the graphs are run as-is)."""
-    # these import graph.match, which imports us
-    from advisor.graph.copies import drop_identity_copies
-    from advisor.graph.inplace import write_inputs_in_place
+    from advisor.graph.canonical import canonicalize  # imports graph.match, which imports us
 
     parts: list[GraphPart] = []
 
     def keep(gm: fx.GraphModule, params: dict[str, str], _ex: list[Any]) -> Callable[..., Any]:
-        write_inputs_in_place(gm)  # the graph the runtime rewrites (runtime/rewrite.py)
-        drop_identity_copies(gm)
+        canonicalize(gm)  # the graph the runtime rewrites (runtime/rewrite.py)
         parts.append(GraphPart(gm=gm, params=params))
         return gm.forward
 

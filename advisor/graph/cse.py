@@ -16,15 +16,17 @@ random (`nondeterministic_seeded`). Mutations are honoured: an in-place op (or a
 that writes an argument, like `rope_qk_cache` writing the KV cache) invalidates every
 recorded op that read the storage it writes, and a value whose storage is written anywhere
 in the graph is never merged (two `empty`s later filled differently stay two). A call the
-pass cannot see into (not an aten/custom `OpOverload`, nor `getitem`) ends every record and
-counts as writing every tensor it is given. Values that reach the graph's outputs (directly
-or as a view) are left alone, so a caller never gets one storage for two outputs.
+pass cannot see into (not an aten/custom `OpOverload`, nor `getitem`, nor size arithmetic
+given no tensor) ends every record and counts as writing every tensor it is given. Values
+that reach the graph's outputs (directly or as a view) are left alone, so a caller never
+gets one storage for two outputs.
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Container
 from typing import Any
 
 import torch
@@ -65,9 +67,19 @@ def written_by(node: fx.Node) -> list[fx.Node] | None:
     if node.op == "call_function" and node.target in _PURE_CALLABLES:
         return []
     if not _is_overload(node):
-        return None
+        return [] if _touches_no_tensor(node) else None
     return [n for arg, v in _arg_values(node)
             if arg.alias_info is not None and arg.alias_info.is_write for n in _nodes_in(v)]
+
+
+def _touches_no_tensor(node: fx.Node) -> bool:
+    """A call given no tensor, returning none: size arithmetic on SymInts (`operator.add`
+    of a dynamic length) — which, taken for opaque, ended every record of the passes here
+    under dynamic shapes."""
+    def scalar(n: fx.Node) -> bool:
+        return isinstance(n.meta.get("val", torch.empty(0)), (int, float, bool, torch.SymInt,
+                                                              torch.SymFloat, torch.SymBool))
+    return scalar(node) and all(scalar(n) for n in node.all_input_nodes)
 
 
 def storage_bases(graph: fx.Graph) -> dict[fx.Node, fx.Node]:
@@ -197,9 +209,9 @@ def _key(value: Any) -> Any:
     raise TypeError  # unhashable or unknown argument: not merged
 
 
-def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
-    """Merge repeated functional ops in `gm` (in place); returns how many nodes were
-    removed. Recompiles `gm` when it changed."""
+def eliminate_common_subexpressions(gm: fx.GraphModule, only: Container[Any] | None = None) -> int:
+    """Merge repeated functional ops in `gm` (in place), of the targets in `only` when given;
+    returns how many nodes were removed. Recompiles `gm` when it changed."""
     graph = gm.graph
     base = storage_bases(graph)
     ever_written = written_storages(graph, base)
@@ -219,6 +231,8 @@ def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
                 del seen[key], reads[key]
             continue
         if not _is_pure(node) or base[node] in escaping or base[node] in ever_written:
+            continue
+        if only is not None and node.target not in only:
             continue
         same = _identity_input(node)
         if same is not None and base.get(same, same) not in ever_written:  # x is x all along
@@ -243,3 +257,11 @@ def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
         graph.lint()
         gm.recompile()
     return removed
+
+
+def merge_repeated_views(gm: fx.GraphModule) -> int:
+    """Merge views taken twice of one tensor with the same arguments (no launch either way).
+    Before matching: a hand-written RoPE that takes `cos.unsqueeze(1)` inside the function it
+    calls for q and for k reads two nodes holding one value, and q and k are paired by the
+    cos/sin nodes they read (patterns/rope.py)."""
+    return eliminate_common_subexpressions(gm, only=VIEW_OPS)

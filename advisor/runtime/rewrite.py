@@ -27,11 +27,11 @@ from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from advisor.errors import one_line
+from advisor.graph.canonical import canonicalize
 from advisor.graph.capture import fake, hint
-from advisor.graph.copies import drop_identity_copies
 from advisor.graph.cse import eliminate_common_subexpressions
 from advisor.graph.dce import eliminate_dead, removable
-from advisor.graph.inplace import batch_input_increments, write_inputs_in_place
+from advisor.graph.inplace import batch_input_increments
 from advisor.graph.match import Match, launches
 from advisor.graph.patterns import find_all
 from advisor.graph.shape_only import memoize_shape_only
@@ -324,8 +324,7 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
     cache = {} if cache is None else cache
     all_kernels()  # importing the kernel modules registers their custom ops
     before, params = _count_launches(gm), dict(params)
-    in_place = write_inputs_in_place(gm)  # a cache update: one small scatter, not two full copies
-    copies = drop_identity_copies(gm)  # eval-mode dropout's clones, between ops we fuse
+    canonical = canonicalize(gm)  # as analysis matched it: caches written in place, copies dropped
     results, merged, tried = [], [], set()
     progress = True
     while progress:
@@ -385,9 +384,10 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
     # replayed graphs: the logits' matmul runs after the replay, into memory of its own
     outside = move_large_outputs(gm) if plan.cuda_graph else 0
     use_direct_calls(gm)
-    return RewriteReport(tuple(results), before, _count_launches(gm), tuple(merged), in_place,
-                         repeats, increments, memoized, causal_sdpa, outside,
-                         time.perf_counter() - start, confirming, copies)
+    return RewriteReport(tuple(results), before, _count_launches(gm), tuple(merged),
+                         canonical.in_place_writes, repeats, increments, memoized, causal_sdpa, outside,
+                         time.perf_counter() - start, confirming,
+                         canonical.identity_copies_dropped)
 
 
 def _to_try(m: Match, plan: Plan, tried: set) -> bool:
