@@ -28,7 +28,7 @@ FAMILIES = {
     "Qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(_DECODER, head_dim=16), {"attention_rope", "rms_norm"}),
     "Olmo2": ("Olmo2Config", "Olmo2ForCausalLM", _DECODER, {"attention_rope", "rms_norm"}),
     "Phi": ("PhiConfig", "PhiForCausalLM", dict(_DECODER, num_key_value_heads=4, partial_rotary_factor=0.5),
-            {"linear_bias_act", "rope"}),
+            {"linear_bias_act", "attention_rope"}),  # the partial rotary's cat folded in
     # Phi-3: eval dropout's clones between the GEMMs and their residual adds, and its
     # partial-rotary cat with an empty pass-through part before the attention (graph/copies.py)
     "Phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_DECODER, pad_token_id=0),

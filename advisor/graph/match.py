@@ -8,6 +8,7 @@ whole subgraph, used both to price it (launches, bytes) and to check it is self-
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,6 +158,28 @@ class Match:
         by one op cannot change any other value."""
         inside, keep = set(self.nodes), {*self.outputs.values(), *self.shared}
         return all(set(n.users) <= inside for n in self.nodes if n not in keep)
+
+
+def _is_view(node: fx.Node) -> bool:
+    return is_op(node, *VIEW_OPS) or (is_getitem(node) and is_op(node.args[0], *VIEW_OPS))
+
+
+def with_shared_views(m: Match) -> Match:
+    """`m` with its views that other nodes read too — a split or slice of an input, which
+    merged repeated views (graph/cse.py) give two sites — counted as `shared`: a view
+    launches nothing, and it stays for its other reader. Views of a value the site computes
+    stay its own (the fused op does not produce that value)."""
+    inside = set(m.nodes)
+
+    def source(n: fx.Node) -> Any:
+        while _is_view(n):
+            n = n.args[0]
+        return n
+
+    keep = {*m.shared, *m.outputs.values()}
+    extra = tuple(n for n in m.nodes if n not in keep and _is_view(n)
+                  and any(u not in inside for u in n.users) and source(n) not in inside)
+    return dataclasses.replace(m, shared=(*m.shared, *extra)) if extra else m
 
 
 def module_of(nodes: Iterable[fx.Node]) -> str:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from torch import fx
 
-from advisor.graph.match import Match
+from advisor.graph.match import Match, with_shared_views
 from advisor.graph.patterns import activation, attention, cache, linear, norm, rope
 
 
@@ -81,4 +81,5 @@ def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
     ]
     # Analysis-only candidates are priced even when they overlap others; anything the
     # runtime may rewrite must be self-contained.
+    matches = [m if m.kernel is None else with_shared_views(m) for m in matches]
     return [m for m in matches if m.kernel is None or m.self_contained()]

@@ -165,9 +165,39 @@ def _rope_at(node: fx.Node) -> Match | None:
             if tx is None or ty is None or ty.dtype != tx.dtype:
                 return None  # the kernel writes x's dtype
             nodes = (*upcast, *rot_nodes, mul_sin, mul_cos, add, *back)
+            x, y, views = _partial(x, y, nodes)
+            if views:  # the slices run first, the cat last
+                nodes = (*views, *nodes, y)
             operands = {"x": x, "cos": cos, "sin": sin, "interleaved": interleaved}
             return Match("rope", "rope_qk", module_path(add), nodes, operands, {"y": y})
     return None
+
+
+def _partial(x: Any, y: fx.Node, nodes: tuple[fx.Node, ...]) -> tuple[Any, fx.Node, list[fx.Node]]:
+    """Partial rotary, cat(rope(X[..., :R]), X[..., R:]) with `nodes` the rope's: (X, the
+    cat, the slices (and split) of X it reads) — the kernels rotate the first R dims of X
+    (R: the tables' width) and pass the rest through, so the cat's launch goes; (x, y, [])
+    otherwise."""
+    rotated = _half_of(x)
+    cat = next(iter(y.users)) if len(y.users) == 1 else None
+    if rotated is None or rotated[1] != 0 or not is_op(cat, aten.cat.default) or len(cat.args[0]) != 2:
+        return x, y, []
+    full, r = rotated[0], rotated[2]
+    dim = cat.args[1] if len(cat.args) > 1 else 0
+    tx, ty, tc = fake(full), fake(y), fake(cat)
+    if tx is None or ty is None or tc is None or dim not in (-1, tx.dim() - 1):
+        return x, y, []
+    if cat.args[0][0] is not y or _half_of(cat.args[0][1]) != (full, r, int(tx.shape[-1])):
+        return x, y, []
+    if tc.dtype != tx.dtype or tc.shape != tx.shape:  # the kernel writes X's dtype and shape
+        return x, y, []
+    passed = cat.args[0][1]
+    views = [v for v in (x, passed) if is_getitem(v) or is_op(v, aten.slice.Tensor)]
+    views = [*[v.args[0] for v in views if is_getitem(v)], *views]  # a split before its pieces
+    inside = {*nodes, *views, cat}
+    if any(u not in inside for v in views for u in v.users):  # read elsewhere: stays
+        return x, y, []
+    return full, cat, list(dict.fromkeys(views))
 
 
 def find(gm: fx.GraphModule) -> list[Match]:
