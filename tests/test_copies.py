@@ -47,6 +47,9 @@ def test_copies_that_change_something_are_kept():
     assert _dropped(lambda x: x.t().contiguous() + 1, x) == 0  # another layout
     assert _dropped(lambda x: torch.cat([x, x], dim=1) + 1, x) == 0
     assert _dropped(lambda x: (x.clone(), x + 1), x) == 0  # the caller gets it: not an alias
+    # a copy of a view starts at offset 0 of its own storage: as_strided reads another element
+    rows = torch.arange(12.0).view(4, 3)
+    assert _dropped(lambda x: x[1:].clone().as_strided((2, 3), (3, 1), 0) * 2, rows) == 0
     xb = torch.randn(5, 7, dtype=torch.bfloat16)
     # promoted by the empty fp32 operand: another dtype
     assert _dropped(lambda x: torch.cat([x, torch.zeros(5, 0)], dim=1) + 1, xb) == 0

@@ -265,9 +265,81 @@ def test_rope_taking_its_table_views_per_call_is_one_site(family):
     assert row["applied"] == 1, row
 
 
+def _pairs_rope(x, freqs):
+    """gpt-fast's RoPE: x (B, T, H, D) as (re, im) pairs, freqs (T, D/2, 2) = (cos, sin)."""
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    f = freqs.view(1, xs.size(1), 1, xs.size(3), 2)
+    out = torch.stack([xs[..., 0] * f[..., 0] - xs[..., 1] * f[..., 1],
+                       xs[..., 1] * f[..., 0] + xs[..., 0] * f[..., 1]], -1)
+    return out.flatten(3).type_as(x)
+
+
+def _complex_rope(x, freqs):
+    """Meta's Llama reference: x (B, T, H, D) as complex pairs, freqs (T, D/2) complex."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs.view(1, xc.shape[1], 1, xc.shape[-1])).flatten(3).type_as(x)
+
+
+def _pairs_rope_bhtd(x, freqs):
+    """The pairs written out on x (B, H, T, D) with a (T, D/2) table of each."""
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    c, s = freqs[..., 0], freqs[..., 1]
+    out = torch.stack([xs[..., 0] * c - xs[..., 1] * s, xs[..., 1] * c + xs[..., 0] * s], -1)
+    return out.flatten(3).type_as(x)
+
+
+_PAIRS = {"gpt-fast": _pairs_rope, "complex": _complex_rope, "bhtd": _pairs_rope_bhtd}
+
+
+class _PairsRopeAttention(torch.nn.Module):
+    """Projections (static head counts and dims, as in a model), the RoPE, attention."""
+
+    def __init__(self, spelling):
+        super().__init__()
+        self.spelling = spelling
+        self.wq, self.wk, self.wv = (torch.nn.Linear(32, h * 16, bias=False) for h in (4, 2, 2))
+
+    def forward(self, x, freqs):  # x (B, T, 32)
+        b, t, _ = x.shape
+        q, k, v = (w(x).view(b, t, -1, 16) for w in (self.wq, self.wk, self.wv))
+        if self.spelling == "bhtd":
+            q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        rope = _PAIRS[self.spelling]
+        q, k = rope(q, freqs), rope(k, freqs)
+        if self.spelling != "bhtd":
+            q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("spelling", sorted(_PAIRS))
+def test_rope_on_re_im_pairs_is_one_rope_site(spelling, dtype):
+    from advisor.kernels.testing import max_violation, tolerance
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    g = torch.Generator().manual_seed(4)
+    torch.manual_seed(4)
+    model = _PairsRopeAttention(spelling).to(dtype)
+    fast = apply(model, Plan(("rope",)))
+    for t in (5, 3):  # one dynamic graph for both lengths
+        x = torch.randn(2, t, 32, generator=g).to(dtype)
+        angles = torch.outer(torch.arange(t).float(), torch.rand(8, generator=g))
+        freqs = torch.polar(torch.ones_like(angles), angles) if spelling == "complex" else \
+            torch.stack([angles.cos(), angles.sin()], -1).to(dtype)
+        ref = model(x, freqs)
+        assert max_violation(fast(x, freqs), ref, tolerance(dtype, model=True)) <= 0
+    rows = {r["family"]: r for r in fast.summary()}
+    assert rows["rope"]["applied"] == 1 and rows["(all)"]["compiles"] == 1, rows
+
+
 class _PartialRope(torch.nn.Module):
     """Partial rotary applied per tensor: q's cat(rotated, passed) reads q's rotation before
     k's slice is taken, so the fused op's operand (k's slice) must move up."""
+
+    def __init__(self, read_passed: bool = False):
+        super().__init__()
+        self.read_passed = read_passed
 
     def forward(self, q, k, cos, sin):  # q (B, Hq, T, D), k (B, Hkv, T, D), cos/sin (B, T, D/2)
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -276,17 +348,20 @@ class _PartialRope(torch.nn.Module):
             xr, xp = x[..., :8], x[..., 8:]
             half = torch.cat((-xr[..., 4:], xr[..., :4]), dim=-1)
             return torch.cat((xr * c + half * s, xp), dim=-1)
+        if self.read_passed:  # k's passed dims read elsewhere too: a view two nodes share
+            return rot(q), rot(k), k[..., 8:] * 2
         return rot(q), rot(k)
 
 
-def test_partial_rotary_applied_per_tensor_is_one_rope_site():
+@pytest.mark.parametrize("read_passed", [False, True])
+def test_partial_rotary_applied_per_tensor_is_one_rope_site(read_passed):
     from advisor.runtime.apply import apply
     from advisor.runtime.plan import Plan
 
     g = torch.Generator().manual_seed(1)
     x = (torch.randn(2, 4, 5, 16, generator=g), torch.randn(2, 2, 5, 16, generator=g),
          torch.randn(2, 5, 8, generator=g), torch.randn(2, 5, 8, generator=g))
-    model = _PartialRope()
+    model = _PartialRope(read_passed)
     ref = model(*x)
     fast = apply(model, Plan(("rope",)))
     for got, want in zip(fast(*x), ref):
@@ -294,8 +369,8 @@ def test_partial_rotary_applied_per_tensor_is_one_rope_site():
     rows = {r["family"]: r for r in fast.summary()}
     assert rows["rope"]["applied"] == 1, rows
     # the cats that join the rotated and passed dims are the kernel's too (patterns/rope.py
-    # `_partial`): one launch left of 12
-    assert rows["(all)"]["launches_after"] == 1, rows
+    # `_partial`): one launch left of 12 (and the `* 2` of the passed dims)
+    assert rows["(all)"]["launches_after"] == 1 + read_passed, rows
 
 
 class _EagerAttention(torch.nn.Module):

@@ -73,8 +73,10 @@ def through_copies(node: Any) -> tuple[Any, list[fx.Node]]:
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same strides wherever a dim may hold more than one element."""
-    return _same_sizes(a, b) and all(
+    """Same strides wherever a dim may hold more than one element, and the same storage
+    offset (a copy starts at 0): every address a reader forms — `as_strided` too — reads
+    the same element in either."""
+    return _same_sizes(a, b) and _known(a.storage_offset() == b.storage_offset()) and all(
         _known(size == 1) or _known(sa == sb) for size, sa, sb in zip(a.shape, a.stride(), b.stride()))
 
 

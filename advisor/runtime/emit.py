@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -155,7 +156,10 @@ def _reroute(out: fx.Node, new: fx.Node, inside: set[fx.Node]) -> fx.Node:
     return new
 
 
-def _emit_kernel(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
+def _emit_kernel(graph: fx.Graph, m: Match, config: str,
+                 result_view: Callable[[fx.Node], fx.Node] | None = None) -> dict[fx.Node, fx.Node]:
+    """The fused op on the match's operands, its results (through `result_view`, inserted
+    after each) read where the match's outputs were."""
     names, results = KERNEL_ARGS[m.kernel]
     args = [m.operands.get(n) for n in names]
     if any(a is None for a, n in zip(args, names) if n not in OPTIONAL_OPERANDS) or (
@@ -167,13 +171,45 @@ def _emit_kernel(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Nod
     with graph.inserting_after(after):
         call = _new(graph, op, (*args, config))
     if len(results) == 1:
-        return {m.outputs[results[0]]: _reroute(m.outputs[results[0]], call, inside)}
+        out = result_view(call) if result_view else call
+        return {m.outputs[results[0]]: _reroute(m.outputs[results[0]], out, inside)}
     cursor, replaced = call, {}
     for i, name in enumerate(results):
         with graph.inserting_after(cursor):
             cursor = _new(graph, operator.getitem, (call, i))
+        if result_view:
+            cursor = result_view(cursor)
         replaced[m.outputs[name]] = _reroute(m.outputs[name], cursor, inside)
     return replaced
+
+
+def _emit_rope_pairs(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
+    """A RoPE matched on (re, im) pairs or in (B, T, H, D) (patterns/rope.py
+    `_pairs_rope_at`, `_complex_rope_at`): the kernel's operands made first — a complex
+    table's real and imaginary parts (views), each per-pair table value
+    repeated twice (a (1|B, T, R) table: a small copy, the same for every layer, which
+    CSE leaves one of), q and k transposed to (B, H, T, D) (views) — and its results
+    transposed back."""
+    ops, seq_dim = dict(m.operands), m.operands.get("seq_dim", 2)
+
+    def after(node: fx.Node, target: Any, *args: Any) -> fx.Node:
+        with graph.inserting_after(node):
+            return _new(graph, target, (node, *args))
+
+    if m.operands.get("pairs"):
+        for i, name in enumerate(("cos", "sin")):
+            table = ops[name]
+            if m.operands["pairs"] == "complex":  # cos, sin = F.real, F.imag (views)
+                table = after(after(table, aten.view_as_real.default), aten.select.int, -1, i)
+            if fake(table).dim() == 4:  # (1|B, T, 1, R/2) or (1|B, 1, T, R/2) -> (1|B, T, R/2)
+                table = after(table, aten.squeeze.dim, 3 - seq_dim)
+            ops[name] = after(table, aten.repeat_interleave.self_int, 2, -1)
+    transpose = None
+    if seq_dim == 1:
+        for name in ("q", "k"):
+            ops[name] = after(ops[name], aten.transpose.int, 1, 2)
+        transpose = lambda n: after(n, aten.transpose.int, 1, 2)  # noqa: E731
+    return _emit_kernel(graph, dataclasses.replace(m, operands=ops), config, transpose)
 
 
 def _emit_bias_act_addmm(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
@@ -351,6 +387,8 @@ def emit(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
         return _emit_gated_linear(graph, m, config)
     if m.kernel == "rope_table":
         return _emit_rope_table(graph, m, config)
+    if m.kernel == "rope_qk" and ("pairs" in m.operands or "seq_dim" in m.operands):
+        return _emit_rope_pairs(graph, m, config)
     if m.kernel in KERNEL_ARGS:
         return _emit_kernel(graph, m, config)
     raise EmitError(f"no emitter for kernel {m.kernel!r}")

@@ -134,9 +134,13 @@ def random_like(node: fx.Node, gen: torch.Generator | Generators, slots: int | N
         return torch.randint(0, keys + 1, shape, **on).to(device=t.device, dtype=t.dtype)
     if t.dtype in (torch.int32, torch.int64):  # positions (rope_table): long contexts' angles
         return torch.randint(0, RANDOM_POSITIONS, shape, **on).to(device=t.device, dtype=t.dtype)
+    stride = tuple(hint(s) for s in t.stride())
+    if t.dtype.is_complex:  # a complex RoPE table: random (re, im) pairs, viewed as complex
+        pairs = _laid_out((*shape, 2), (*(2 * s for s in stride), 1), t.dtype.to_real(), t.device, gen)
+        return torch.view_as_complex(pairs)
     if not t.dtype.is_floating_point:
         raise EmitError(f"operand {node.name} is {t.dtype}; cannot confirm with random values")
-    return _laid_out(shape, tuple(hint(s) for s in t.stride()), t.dtype, t.device, gen)
+    return _laid_out(shape, stride, t.dtype, t.device, gen)
 
 
 def _laid_out(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype,

@@ -241,7 +241,9 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
     in ("attention_rope", deeper) and without it ("attention"); GQA k/v un-repeated; a
     static cache's causal mask read as the positions it is computed from (`q_pos`: the
     mask is never built or read, keys past the position are never loaded)."""
-    rope_of = {o: m for m in ropes for o in m.outputs.values()}
+    # the attention kernel reads full-width tables and (B, H, T, D): not a RoPE whose
+    # operands the emitter prepares (per-pair tables, (B, T, H, D))
+    rope_of = {o: m for m in ropes if "pairs" not in m.operands for o in m.outputs.values()}
     found = []
     for node in gm.graph.nodes:
         if not is_op(node, *SDPA_OPS) or node.target == aten.scaled_dot_product_attention.default:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from advisor.graph.capture import fake, module_path
 from advisor.graph.match import (
@@ -128,9 +129,157 @@ def _rotate_pairs(stack: fx.Node) -> tuple[Any, fx.Node, list[fx.Node]] | None:
     return x, flat, [parts[0].args[0], parts[1], parts[0], stack, flat]
 
 
+def _pair_select(node: Any) -> tuple[Any, int] | None:
+    """(P, i) for P[..., i] of a last dim of 2 (the (re, im) pairs of a RoPE operand)."""
+    if not is_op(node, aten.select.int):
+        return None
+    src, dim, i = node.args
+    ts = fake(src)
+    if ts is None or dim not in (-1, ts.dim() - 1) or int(ts.shape[-1]) != 2 or i not in (0, 1):
+        return None
+    return src, int(i)
+
+
+def _product_of(mul: Any) -> frozenset | None:
+    """{(pair source, i), (other source, j)} for a mul of two pair selects A[..., i]·B[..., j]."""
+    if not is_op(mul, aten.mul.Tensor) or len(mul.args) != 2:
+        return None
+    a, b = _pair_select(mul.args[0]), _pair_select(mul.args[1])
+    if a is None or b is None or a[0] is b[0]:
+        return None
+    return frozenset((a, b))
+
+
+def _complex_product(stack: fx.Node) -> tuple[Any, Any, list[fx.Node]] | None:
+    """(X pairs, table pairs, nodes) for stack((x0·c − x1·s, x1·c + x0·s), -1): RoPE on
+    (re, im) pairs written out (gpt-fast; Meta's Llama reference without complex dtypes),
+    x_i = X[..., i] of X viewed as (..., D/2, 2), (c, s) = F[..., 0], F[..., 1]. Pair
+    products commute, so X is the operand of the output's full shape; the table broadcasts."""
+    parts, dim = stack.args[0], stack.args[1] if len(stack.args) > 1 else 0
+    tst = fake(stack)
+    if tst is None or len(parts) != 2 or dim not in (-1, tst.dim() - 1):
+        return None
+    re, im = parts
+    if not (is_op(re, aten.sub.Tensor) and is_op(im, aten.add.Tensor)) or re.kwargs or im.kwargs:
+        return None
+    prods = [_product_of(n) for n in (*re.args, *im.args)]
+    if any(p is None for p in prods):
+        return None
+    sources = {src for p in prods for src, _ in p}
+    if len(sources) != 2:
+        return None
+    a, b = sources
+    # re = a0·b0 − a1·b1, im = a1·b0 + a0·b1 (in either order, each product's factors too)
+    if (prods[0] != {(a, 0), (b, 0)} or prods[1] != {(a, 1), (b, 1)}
+            or set(prods[2:]) != {frozenset({(a, 1), (b, 0)}), frozenset({(a, 0), (b, 1)})}):
+        return None
+    pairs_shape = tuple(tst.shape[:-1])
+    full = [n for n in (a, b) if (t := fake(n)) is not None and tuple(t.shape[:-1]) == pairs_shape]
+    if len(full) != 1:  # which side is the table must be unambiguous
+        return None
+    x = full[0]
+    selects = [n for p in (*re.args, *im.args) for n in p.args]
+    return x, b if x is a else a, [*dict.fromkeys(selects), *re.args, *im.args, re, im, stack]
+
+
+def _eq(a: Any, b: Any) -> bool:
+    return bool(statically_known_true(a == b))
+
+
+def _table_layout(tx: torch.Tensor, tc: torch.Tensor) -> int | None:
+    """X's sequence dim (1: (B, T, H, D), 2: (B, H, T, D)) read off how a per-pair table
+    (..., D/2) broadcasts against X's pairs: (1|B, T, 1, ·) or (1|B, 1, T, ·) or (T, ·)."""
+    # one table value per pair (by broadcasting, a width of 1 would serve every pair)
+    if tx.dim() != 4 or (_eq(tc.shape[-1], 1) and not _eq(tx.shape[-1], 2)):
+        return None
+    if tc.dim() == 2:
+        return 2 if _eq(tc.shape[0], tx.shape[2]) else None
+    if tc.dim() != 4 or not (_eq(tc.shape[0], 1) or _eq(tc.shape[0], tx.shape[0])):
+        return None
+    for seq, heads in ((1, 2), (2, 1)):
+        if _eq(tc.shape[heads], 1) and _eq(tc.shape[seq], tx.shape[seq]):
+            return seq
+    return None
+
+
+def _pairs_rope_at(stack: fx.Node) -> Match | None:
+    """RoPE on (re, im) pairs written out (`_complex_product`) of X (B, T, H, D) or
+    (B, H, T, D), fp32 math cast back allowed: the interleaved convention with one table
+    value per pair. The kernels take full-width tables in (B, H, T, D) order: the emitter
+    repeats each table value twice and transposes X (runtime/emit.py `_emit_rope_pairs`)."""
+    found = _complex_product(stack)
+    flat = next(iter(stack.users)) if len(stack.users) == 1 else None
+    if found is None or not is_op(flat, *_FLATTENS):
+        return None
+    x5, table, nodes = found
+    if not is_op(x5, *_FLATTENS):
+        return None
+    xin = x5.args[0]
+    x = strip_casts(xin)
+    tx, tin, tf = fake(x), fake(xin), fake(flat)
+    if tx is None or tin is None or tf is None or tuple(tf.shape) != tuple(tin.shape):
+        return None
+    y, back = cast_back(flat, x) if x is not xin else (flat, [])
+    ty = fake(y)
+    if ty is None or ty.dtype != tx.dtype:
+        return None  # the kernel writes x's dtype
+    tables = {}
+    for user in table.users:
+        sel = _pair_select(user)
+        if sel is not None and sel[0] is table:
+            tables.setdefault(sel[1], user)
+    cos, sin = tables.get(0), tables.get(1)
+    tc = fake(cos)
+    seq_dim = _table_layout(tx, tc) if tc is not None else None
+    if cos is None or sin is None or seq_dim is None:
+        return None
+    inner = [n for n in nodes if n not in (cos, sin)]
+    operands = {"x": x, "cos": cos, "sin": sin, "interleaved": True, "pairs": True, "seq_dim": seq_dim}
+    upcast = [xin] if x is not xin else []
+    return Match("rope", "rope_qk", module_path(stack), (*upcast, x5, *inner, flat, *back),
+                 operands, {"y": y})
+
+
+def _complex_rope_at(real: fx.Node) -> Match | None:
+    """Meta's Llama reference: view_as_real(view_as_complex(X.float() viewed as (..., D/2,
+    2)) · F) viewed back to X's shape, F a complex (..., D/2) table broadcasting as
+    (1|B, T, 1, ·): the pairs RoPE of `_pairs_rope_at`, with cos = F.real, sin = F.imag."""
+    mul = real.args[0]
+    flat = next(iter(real.users)) if len(real.users) == 1 else None
+    if not is_op(mul, aten.mul.Tensor) or len(mul.users) != 1 or not is_op(flat, *_FLATTENS):
+        return None
+    for xc, table in (mul.args[:2], mul.args[1::-1]):
+        if not is_op(xc, aten.view_as_complex.default) or len(xc.users) != 1:
+            continue
+        x5 = xc.args[0]
+        tt = fake(table)
+        if not is_op(x5, *_FLATTENS) or tt is None or not tt.dtype.is_complex:
+            continue
+        xin = x5.args[0]
+        x = strip_casts(xin)
+        tx, tin, tf = fake(x), fake(xin), fake(flat)
+        if tx is None or tin is None or tf is None or tuple(tf.shape) != tuple(tin.shape):
+            continue
+        y, back = cast_back(flat, x) if x is not xin else (flat, [])
+        ty = fake(y)
+        seq_dim = _table_layout(tx, tt)
+        if ty is None or ty.dtype != tx.dtype or seq_dim is None:
+            continue
+        operands = {"x": x, "cos": table, "sin": table, "interleaved": True, "pairs": "complex",
+                    "seq_dim": seq_dim}
+        upcast = [xin] if x is not xin else []
+        return Match("rope", "rope_qk", module_path(real), (*upcast, x5, xc, mul, real, flat, *back),
+                     operands, {"y": y})
+    return None
+
+
 def _rope_at(node: fx.Node) -> Match | None:
-    """The RoPE of x whose rotation ends at `node` (rotate_half's cat, or interleaved
-    RoPE's stack)."""
+    """The RoPE of x whose rotation ends at `node` (rotate_half's cat, interleaved RoPE's
+    stack, the stack of (re, im) pairs, or view_as_real of a complex product)."""
+    if is_op(node, aten.view_as_real.default):
+        return _complex_rope_at(node)
+    if is_op(node, aten.stack.default) and (pairs := _pairs_rope_at(node)) is not None:
+        return pairs
     if is_op(node, aten.cat.default):
         found, interleaved = _rotate_half(node), False
         rot = node
@@ -165,7 +314,7 @@ def _rope_at(node: fx.Node) -> Match | None:
             if tx is None or ty is None or ty.dtype != tx.dtype:
                 return None  # the kernel writes x's dtype
             nodes = (*upcast, *rot_nodes, mul_sin, mul_cos, add, *back)
-            x, y, views = _partial(x, y, nodes)
+            x, y, views = _partial(x, y)
             if views:  # the slices run first, the cat last
                 nodes = (*views, *nodes, y)
             operands = {"x": x, "cos": cos, "sin": sin, "interleaved": interleaved}
@@ -173,9 +322,9 @@ def _rope_at(node: fx.Node) -> Match | None:
     return None
 
 
-def _partial(x: Any, y: fx.Node, nodes: tuple[fx.Node, ...]) -> tuple[Any, fx.Node, list[fx.Node]]:
-    """Partial rotary, cat(rope(X[..., :R]), X[..., R:]) with `nodes` the rope's: (X, the
-    cat, the slices (and split) of X it reads) — the kernels rotate the first R dims of X
+def _partial(x: Any, y: fx.Node) -> tuple[Any, fx.Node, list[fx.Node]]:
+    """Partial rotary, cat(rope(X[..., :R]), X[..., R:]): (X, the cat, the slices (and
+    split) of X it reads) — the kernels rotate the first R dims of X
     (R: the tables' width) and pass the rest through, so the cat's launch goes; (x, y, [])
     otherwise."""
     rotated = _half_of(x)
@@ -189,35 +338,39 @@ def _partial(x: Any, y: fx.Node, nodes: tuple[fx.Node, ...]) -> tuple[Any, fx.No
         return x, y, []
     if cat.args[0][0] is not y or _half_of(cat.args[0][1]) != (full, r, int(tx.shape[-1])):
         return x, y, []
+    if r == int(tx.shape[-1]):  # nothing passed: a copy of the rotation (graph/copies.py)
+        return x, y, []
     if tc.dtype != tx.dtype or tc.shape != tx.shape:  # the kernel writes X's dtype and shape
         return x, y, []
-    passed = cat.args[0][1]
-    views = [v for v in (x, passed) if is_getitem(v) or is_op(v, aten.slice.Tensor)]
+    # the slices of X: the site's (a view another node reads too is shared: match.py)
+    views = [v for v in (x, cat.args[0][1]) if is_getitem(v) or is_op(v, aten.slice.Tensor)]
     views = [*[v.args[0] for v in views if is_getitem(v)], *views]  # a split before its pieces
-    inside = {*nodes, *views, cat}
-    if any(u not in inside for v in views for u in v.users):  # read elsewhere: stays
-        return x, y, []
     return full, cat, list(dict.fromkeys(views))
 
 
 def find(gm: fx.GraphModule) -> list[Match]:
     """rope_qk sites: pairs of rotations sharing cos/sin, q (more heads) first."""
     singles = [m for n in gm.graph.nodes
-               if is_op(n, aten.cat.default, aten.stack.default) and (m := _rope_at(n))]
-    by_key: dict[tuple[Any, Any, str, bool], list[Match]] = defaultdict(list)
+               if is_op(n, aten.cat.default, aten.stack.default, aten.view_as_real.default)
+               and (m := _rope_at(n))]
+    by_key: dict[tuple[Any, ...], list[Match]] = defaultdict(list)
     for m in singles:
-        by_key[(m.operands["cos"], m.operands["sin"], m.module, m.operands["interleaved"])].append(m)
+        by_key[(m.operands["cos"], m.operands["sin"], m.module, m.operands["interleaved"],
+                m.operands.get("pairs", False), m.operands.get("seq_dim", 2))].append(m)
     found = []
-    for (cos, sin, module, interleaved), ms in by_key.items():
+    for (cos, sin, module, interleaved, pairs, seq_dim), ms in by_key.items():
         ms = sorted(ms, key=lambda m: m.nodes[-1].meta.get("seq_nr", 0))
+        heads = 3 - seq_dim  # (B, H, T, D) or (B, T, H, D)
         for q, k in zip(ms[0::2], ms[1::2]):
             tq, tk = fake(q.operands["x"]), fake(k.operands["x"])
             if tq is None or tk is None or tq.dim() != 4 or tk.dim() != 4:
                 continue
-            if tq.shape[1] < tk.shape[1]:
+            if tq.shape[heads] < tk.shape[heads]:
                 q, k = k, q
             operands = {"q": q.operands["x"], "k": k.operands["x"], "cos": cos, "sin": sin,
                         "interleaved": interleaved}
+            if pairs or seq_dim != 2:  # read by the emitter, which makes the kernel's operands
+                operands.update(pairs=pairs, seq_dim=seq_dim)
             found.append(Match("rope", "rope_qk", module, (*q.nodes, *k.nodes), operands,
                                {"q": q.outputs["y"], "k": k.outputs["y"]}))
     return found
