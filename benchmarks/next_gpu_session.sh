@@ -38,11 +38,13 @@
 #           timed interleaved / sequential / from cold / reversed / with RECIPE's configs; then
 #           the kernels per forward (CUDA graph, no compile) of the unfused model and of
 #           PROBE_FAMILIES alone with RECIPE's configs: what a site's kernels cost in a forward
+#   spellings  benchmarks/check_spellings.py: the spellings matched since session 25 (Phi-3, partial
+#           rotary, gpt-fast / Meta RoPE), apply vs eager on the GPU (SPELL_S, default 150 s)
 #   kernels issue 3's memory-bound kernels at 2048/8192 (default configs), then issue 6's
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
 # Several stages run in order in one command: ... next_gpu_session.sh coldstart tune
-[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, predict, coldstart, attention, prefill, deep, gemmsites, kernels, order, otherplans, probetiming, all or pack" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, predict, coldstart, attention, prefill, deep, gemmsites, kernels, order, otherplans, probetiming, spellings, all or pack" >&2; exit 2; }
 RECIPE=${RECIPE:-recipes/llama_hf-h200.json}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
@@ -209,6 +211,9 @@ for name, on in (('unfused', []), ('alone', fams)):
       --tokens ${PROBE_TOKENS:-1} --json "profile-probe-$n.json" > "$OUT/profile-probe-$n.log" 2>&1
     echo "$n rc=$?"; grep -v "^    " "$OUT/profile-probe-$n.log" | tail -2
   done ;;
+spellings)  # session 25's spellings (Phi-3, partial rotary, gpt-fast/Meta RoPE) on the GPU
+  timeout ${SPELL_S:-150} python3 benchmarks/check_spellings.py > "$OUT/spellings.log" 2>&1
+  echo "spellings rc=$?" >> "$OUT/spellings.log"; tail -3 "$OUT/spellings.log" ;;
 pack)
   (cd "$OUT" && tar czf /tmp/0-all.tgz . && mv /tmp/0-all.tgz . \
     && find . -type f ! -name 0-all.tgz ! -name '*.json' -delete \

@@ -1,0 +1,168 @@
+"""The model spellings session 25 taught the matcher, checked on the GPU: every fusion
+applied (`apply(model, ALL_FUSIONS)`) against eager, in bf16 and fp32, with what applied
+and the launches per forward. CPU tests run the same models in Triton's interpreter; this
+is the compiled kernels' check (the rope_qk emitter's transposed (B, T, H, D) operands and
+per-pair tables among them).
+
+Models: tiny `transformers` Phi-3 (eval dropout's clones, partial-rotary cat with nothing
+passed), StableLM and GPT-NeoX (partial rotary), Llama (the reference); two hand-written
+decoders whose RoPE is gpt-fast's (re, im) pairs and Meta's complex product.
+
+    python benchmarks/check_spellings.py [model ...]   # writes spellings-check.json under $OUT
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from advisor.kernels.testing import max_violation, tolerance  # noqa: E402
+from advisor.runtime.apply import apply  # noqa: E402
+from advisor.runtime.plan import ALL_FUSIONS  # noqa: E402
+from benchmarks.common import header, write  # noqa: E402
+
+_DECODER = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=512, max_position_embeddings=1024)
+HF = {
+    "Phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_DECODER, pad_token_id=0)),
+    "StableLm": ("StableLmConfig", "StableLmForCausalLM", _DECODER),
+    "GPTNeoX": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(_DECODER, num_key_value_heads=4)),
+    "Llama": ("LlamaConfig", "LlamaForCausalLM", _DECODER),
+}
+
+
+def _hf(name: str) -> torch.nn.Module:
+    import transformers
+
+    cfg_name, model_name, kwargs = HF[name]
+    config = getattr(transformers, cfg_name)(**kwargs)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(config).eval()
+    with torch.no_grad():  # norm weights away from 1, small biases: a dropped term shows
+        for n, p in model.named_parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5) if "norm" in n or "ln" in n else p.normal_(0, 0.02)
+    return model
+
+
+def pairs_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """gpt-fast: x (B, T, H, D) as (re, im) pairs, freqs (T, D/2, 2)."""
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    f = freqs.view(1, xs.size(1), 1, xs.size(3), 2)
+    out = torch.stack([xs[..., 0] * f[..., 0] - xs[..., 1] * f[..., 1],
+                       xs[..., 1] * f[..., 0] + xs[..., 0] * f[..., 1]], -1)
+    return out.flatten(3).type_as(x)
+
+
+def complex_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Meta's Llama reference: freqs (T, D/2) complex."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs.view(1, xc.shape[1], 1, xc.shape[-1])).flatten(3).type_as(x)
+
+
+class _Norm(torch.nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(d) + 0.5)
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + 1e-5)).type_as(x) * self.weight
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, rope, d=256, h=4, kv=2, ff=512):
+        super().__init__()
+        self.rope, self.h, self.kv, self.hd = rope, h, kv, d // h
+        self.wqkv = torch.nn.Linear(d, (h + 2 * kv) * self.hd, bias=False)
+        self.wo = torch.nn.Linear(d, d, bias=False)
+        self.w1, self.w3 = torch.nn.Linear(d, ff, bias=False), torch.nn.Linear(d, ff, bias=False)
+        self.w2 = torch.nn.Linear(ff, d, bias=False)
+        self.n1, self.n2 = _Norm(d), _Norm(d)
+
+    def forward(self, x, freqs):
+        b, t, _ = x.shape
+        q, k, v = self.wqkv(self.n1(x)).split([self.h * self.hd, self.kv * self.hd, self.kv * self.hd], -1)
+        q, k, v = q.view(b, t, self.h, self.hd), k.view(b, t, self.kv, self.hd), v.view(b, t, self.kv, self.hd)
+        q, k = self.rope(q, freqs), self.rope(k, freqs)
+        y = F.scaled_dot_product_attention(*(z.transpose(1, 2) for z in (q, k, v)), is_causal=True,
+                                           enable_gqa=True)
+        h = x + self.wo(y.transpose(1, 2).contiguous().view(b, t, -1))
+        n = self.n2(h)
+        return h + self.w2(F.silu(self.w1(n)) * self.w3(n))
+
+
+class HandWritten(torch.nn.Module):
+    def __init__(self, rope, vocab=512, d=256):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.blocks = torch.nn.ModuleList([_Block(rope), _Block(rope)])
+        self.norm, self.out = _Norm(d), torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, input_ids, freqs):
+        x = self.emb(input_ids)
+        for blk in self.blocks:
+            x = blk(x, freqs)
+        return self.out(self.norm(x))
+
+
+def _freqs(t: int, complex_table: bool, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+    inv = 1.0 / (10000 ** (torch.arange(0, 64, 2, device=dev).float() / 64))
+    ang = torch.outer(torch.arange(t, device=dev).float(), inv)
+    if complex_table:
+        return torch.polar(torch.ones_like(ang), ang)
+    return torch.stack([ang.cos(), ang.sin()], -1).to(dtype)
+
+
+def check(name: str, dtype: torch.dtype, dev: torch.device) -> dict:
+    hand = {"gpt-fast": pairs_rope, "meta-complex": complex_rope}
+    model = (HandWritten(hand[name]) if name in hand else _hf(name)).to(dev, dtype).eval()
+    fast = apply(model, ALL_FUSIONS)
+    worst = -float("inf")
+    for t in (1, 17, 64):
+        ids = torch.randint(2, 512, (2, t), device=dev, generator=torch.Generator(dev).manual_seed(t))
+        if name in hand:
+            args = (ids, _freqs(t, name == "meta-complex", dtype, dev))
+            with torch.no_grad():
+                ref, got = model(*args), fast(*args)
+        else:
+            with torch.no_grad():
+                ref = model(input_ids=ids, use_cache=False).logits
+            got = fast(input_ids=ids, use_cache=False).logits
+        worst = max(worst, max_violation(got.float(), ref.float(), tolerance(dtype, model=True)))
+    rows = fast.summary()
+    total = [r for r in rows if r["family"] == "(all)"]
+    return {"model": name, "dtype": str(dtype), "max_violation": worst, "ok": worst <= 0,
+            "applied": {r["family"]: r["applied"] for r in rows if r.get("applied")},
+            "unfused": {r["family"]: r["unfused"] for r in rows if r.get("unfused")},
+            "launches_before": [r["launches_before"] for r in total],
+            "launches_after": [r["launches_after"] for r in total]}
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore")
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: TRITON_INTERPRET=1
+    results = []
+    for name in sys.argv[1:] or (*HF, "gpt-fast", "meta-complex"):
+        for dtype in (torch.bfloat16, torch.float32):
+            try:
+                row = check(name, dtype, dev)
+            except Exception as exc:  # one model's failure is a result, not the end of the run
+                row = {"model": name, "dtype": str(dtype), "ok": False,
+                       "error": f"{type(exc).__name__}: {exc}"[:500]}
+            results.append(row)
+            print(row, flush=True)
+    payload = header(dev, dtype="bfloat16,float32", shapes="batch 2, tokens 1/17/64")
+    payload["results"] = results
+    write("spellings-check.json", payload)
+
+
+if __name__ == "__main__":
+    main()
