@@ -311,9 +311,10 @@ class _PairsRopeAttention(torch.nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
+@pytest.mark.parametrize("family", ["rope", "attention_rope"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("spelling", sorted(_PAIRS))
-def test_rope_on_re_im_pairs_is_one_rope_site(spelling, dtype):
+def test_rope_on_re_im_pairs_is_one_rope_site(spelling, dtype, family):
     from advisor.kernels.testing import max_violation, tolerance
     from advisor.runtime.apply import apply
     from advisor.runtime.plan import Plan
@@ -321,7 +322,7 @@ def test_rope_on_re_im_pairs_is_one_rope_site(spelling, dtype):
     g = torch.Generator().manual_seed(4)
     torch.manual_seed(4)
     model = _PairsRopeAttention(spelling).to(dtype)
-    fast = apply(model, Plan(("rope",)))
+    fast = apply(model, Plan((family,)))
     for t in (5, 3):  # one dynamic graph for both lengths
         x = torch.randn(2, t, 32, generator=g).to(dtype)
         angles = torch.outer(torch.arange(t).float(), torch.rand(8, generator=g))
@@ -330,7 +331,7 @@ def test_rope_on_re_im_pairs_is_one_rope_site(spelling, dtype):
         ref = model(x, freqs)
         assert max_violation(fast(x, freqs), ref, tolerance(dtype, model=True)) <= 0
     rows = {r["family"]: r for r in fast.summary()}
-    assert rows["rope"]["applied"] == 1 and rows["(all)"]["compiles"] == 1, rows
+    assert rows[family]["applied"] == 1 and rows["(all)"]["compiles"] == 1, rows
 
 
 class _PartialRope(torch.nn.Module):

@@ -185,7 +185,8 @@ def _emit_kernel(graph: fx.Graph, m: Match, config: str,
 
 def _emit_rope_pairs(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
     """A RoPE matched on (re, im) pairs or in (B, T, H, D) (patterns/rope.py
-    `_pairs_rope_at`, `_complex_rope_at`): the kernel's operands made first — a complex
+    `_pairs_rope_at`, `_complex_rope_at`), alone or folded into the attention: the kernel's
+    operands made first — a complex
     table's real and imaginary parts (views), each per-pair table value
     repeated twice (a (1|B, T, R) table: a small copy, the same for every layer, which
     CSE leaves one of), q and k transposed to (B, H, T, D) (views) — and its results
@@ -208,7 +209,8 @@ def _emit_rope_pairs(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx
     if seq_dim == 1:
         for name in ("q", "k"):
             ops[name] = after(ops[name], aten.transpose.int, 1, 2)
-        transpose = lambda n: after(n, aten.transpose.int, 1, 2)  # noqa: E731
+        if m.kernel == "rope_qk":  # rotated q and k back to (B, T, H, D); attention's y is (B, H, T, D)
+            transpose = lambda n: after(n, aten.transpose.int, 1, 2)  # noqa: E731
     return _emit_kernel(graph, dataclasses.replace(m, operands=ops), config, transpose)
 
 
@@ -387,7 +389,7 @@ def emit(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
         return _emit_gated_linear(graph, m, config)
     if m.kernel == "rope_table":
         return _emit_rope_table(graph, m, config)
-    if m.kernel == "rope_qk" and ("pairs" in m.operands or "seq_dim" in m.operands):
+    if m.kernel in ("rope_qk", "attention") and ("pairs" in m.operands or "seq_dim" in m.operands):
         return _emit_rope_pairs(graph, m, config)
     if m.kernel in KERNEL_ARGS:
         return _emit_kernel(graph, m, config)

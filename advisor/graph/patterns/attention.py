@@ -241,9 +241,19 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
     in ("attention_rope", deeper) and without it ("attention"); GQA k/v un-repeated; a
     static cache's causal mask read as the positions it is computed from (`q_pos`: the
     mask is never built or read, keys past the position are never loaded)."""
-    # the attention kernel reads full-width tables and (B, H, T, D): not a RoPE whose
-    # operands the emitter prepares (per-pair tables, (B, T, H, D))
-    rope_of = {o: m for m in ropes if "pairs" not in m.operands for o in m.outputs.values()}
+    rope_of = {o: m for m in ropes for o in m.outputs.values()}
+
+    def rotated(node: Any) -> tuple[Any, list[fx.Node]]:
+        """(the value the kernel may rotate on load, the nodes between): through copies of
+        a rotation (a partial rotary's cat with nothing passed), and the transpose from a
+        RoPE done in (B, T, H, D) (gpt-fast, Meta's reference)."""
+        src, copies = through_copies(node)
+        inner = src.args[0] if is_op(src, aten.transpose.int) and len(src.users) == 1 else None
+        if inner in rope_of and rope_of[inner].operands.get("seq_dim") == 1 \
+                and sorted(int(d) % 4 for d in src.args[1:]) == [1, 2]:
+            return inner, [*copies, src]
+        return src, copies
+
     found = []
     for node in gm.graph.nodes:
         if not is_op(node, *SDPA_OPS) or node.target == aten.scaled_dot_product_attention.default:
@@ -272,14 +282,16 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
                   "scale": float(scale), "interleaved": False, "q_pos": q_pos}
         if q_pos is not None:  # confirmation draws positions among the keys (rewrite.py)
             common["keys"] = hint(tk.shape[2])
-        # the kernel rotates q and k as it loads them: a copy of the rotation in between
-        # (a partial rotary's cat with an empty pass-through part) is not needed
-        (q_rot, q_copies), (k_rot, k_copies) = through_copies(a["query"]), through_copies(k)
+        # the kernel rotates q and k as it loads them: the RoPE's operands are the site's
+        (q_rot, q_copies), (k_rot, k_copies) = rotated(a["query"]), rotated(k)
         rm = rope_of.get(q_rot)
-        if rm is not None and rm.outputs.get("q") is q_rot and rm.outputs.get("k") is k_rot:
-            operands = {**common, "q": rm.operands["q"], "k": rm.operands["k"],
-                        "cos": rm.operands["cos"], "sin": rm.operands["sin"],
-                        "interleaved": rm.operands["interleaved"]}
+        seq_dim = rm.operands.get("seq_dim", 2) if rm is not None else 2
+        if (rm is not None and rm.outputs.get("q") is q_rot and rm.outputs.get("k") is k_rot
+                and (seq_dim == 1) == bool(q_copies and q_copies[-1].target is aten.transpose.int)
+                and (seq_dim == 1) == bool(k_copies and k_copies[-1].target is aten.transpose.int)):
+            operands = {**common, **{n: rm.operands[n] for n in ("q", "k", "cos", "sin", "interleaved")},
+                        # per-pair tables, (B, T, H, D): the emitter prepares them (emit.py)
+                        **{n: rm.operands[n] for n in ("pairs", "seq_dim") if n in rm.operands}}
             found.append(Match("attention_rope", "attention", module_path(node),
                                (*rm.nodes, *q_copies, *k_copies, *base), operands, {"y": y},
                                tuple(mask_nodes)))
