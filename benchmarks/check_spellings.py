@@ -5,7 +5,8 @@ is the compiled kernels' check (the rope_qk emitter's transposed (B, T, H, D) op
 per-pair tables among them).
 
 Models: tiny `transformers` Phi-3 (eval dropout's clones, partial-rotary cat with nothing
-passed), StableLM and GPT-NeoX (partial rotary), Llama (the reference); two hand-written
+passed), StableLM and GPT-NeoX (partial rotary), GPT-J (interleaved partial RoPE on
+(B, T, H, D), tables made per call), Llama (the reference); two hand-written
 decoders whose RoPE is gpt-fast's (re, im) pairs and Meta's complex product.
 
     python benchmarks/check_spellings.py [model ...]   # writes spellings-check.json under $OUT
@@ -33,6 +34,8 @@ HF = {
     "Phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_DECODER, pad_token_id=0)),
     "StableLm": ("StableLmConfig", "StableLmForCausalLM", _DECODER),
     "GPTNeoX": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(_DECODER, num_key_value_heads=4)),
+    "GPTJ": ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=256, n_layer=2, n_head=4, vocab_size=512,
+                                                   n_positions=1024, rotary_dim=32)),
     "Llama": ("LlamaConfig", "LlamaForCausalLM", _DECODER),
 }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from advisor.graph.cse import eliminate_common_subexpressions, merge_repeated_views
+from advisor.graph.cse import eliminate_common_subexpressions, merge_repeated_tables
 
 aten = torch.ops.aten
 
@@ -150,13 +150,16 @@ def test_size_arithmetic_between_two_repeats_does_not_end_the_records():
         torch.testing.assert_close(got, want)
 
 
-def test_merge_repeated_views_merges_views_only():
-    def f(c, x, y):  # a hand-written RoPE takes cos.unsqueeze(1) once per call, for q and k
-        return x * c.unsqueeze(0), y * c.unsqueeze(0), c.exp() + c.exp()
+def test_merge_repeated_tables_merges_what_no_weight_goes_into():
+    def f(w, c, x):  # w: a weight (a GEMM reads it); c: a table; x: an input
+        h = x @ w.t()
+        table = c.unsqueeze(0).exp() + c.unsqueeze(0).exp()  # per-call table prep: merged
+        return h.exp() + h.exp() + table, x * c.unsqueeze(0)  # activations: left to the later CSE
 
-    args = (torch.randn(6), torch.randn(3, 6), torch.randn(2, 6))
+    args = (torch.randn(6, 6), torch.randn(6), torch.randn(3, 6))
     gm = make_fx(f)(*args)
-    assert merge_repeated_views(gm) == 1
-    assert _count(gm, aten.unsqueeze.default) == 1 and _count(gm, aten.exp.default) == 2
+    weight = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    assert merge_repeated_tables(gm, {weight.name: "w"}) == 3  # an unsqueeze twice, an exp
+    assert _count(gm, aten.unsqueeze.default) == 1 and _count(gm, aten.exp.default) == 3
     for got, want in zip(gm(*args), f(*args)):
         torch.testing.assert_close(got, want)

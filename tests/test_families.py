@@ -3,7 +3,7 @@ model: `apply` with every family matches eager, refuses no site it found, and re
 launches. Each brings a spelling a model we have not seen may use: GPT-2's spelled-out
 GELU and biased LayerNorm, OPT's (B·T, D) MLP rows, Phi's partial rotary and gelu_new in
 the GEMM, Qwen3's and OLMo2's head norms (OLMo2: fp32 RoPE tables), Phi-3's merged weights
-and the copies it makes between ops we fuse.
+and the copies it makes between ops we fuse, GPT-J's RoPE (tables made per call, (B, T, H, D)).
 (Mixtral, Falcon, Qwen3-MoE, StableLM, Starcoder2, GPT-J, Gemma3, Granite, Cohere and CLIP's text
 model were checked the same way by hand in session 13; tests/test_apply.py and
 tests/test_patterns.py cover Cohere and GPT-J's MLP.)"""
@@ -33,6 +33,9 @@ FAMILIES = {
     # partial-rotary cat with an empty pass-through part before the attention (graph/copies.py)
     "Phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_DECODER, pad_token_id=0),
              {"attention_rope", "linear_residual", "gated_act_linear"}),
+    # GPT-J: interleaved partial RoPE on (B, T, H, D), its sin/cos repeated inside the
+    # function called for q and for k (merged before matching), dynamic full slices
+    "GPTJ": ("GPTJConfig", "GPTJForCausalLM", dict(_GPT, rotary_dim=8), {"rope", "linear_bias_act"}),
     "GPT2": ("GPT2Config", "GPT2LMHeadModel", _GPT, {"bias_act", "add_layer_norm"}),
     "OPT": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=64, ffn_dim=96, num_hidden_layers=2,
                                                  num_attention_heads=4, vocab_size=128,

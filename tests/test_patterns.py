@@ -334,6 +334,42 @@ def test_rope_on_re_im_pairs_is_one_rope_site(spelling, dtype, family):
     assert rows[family]["applied"] == 1 and rows["(all)"]["compiles"] == 1, rows
 
 
+class _GPTJRope(torch.nn.Module):
+    """GPT-J's RoPE: interleaved, on (B, T, H, D) before the heads move, partial (the first
+    8 of 16 dims), tables (1, T, 1, 8) repeated per pair; then permuted for attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.wq, self.wk, self.wv = (torch.nn.Linear(32, h * 16, bias=False) for h in (4, 2, 2))
+
+    def forward(self, x, sincos):  # x (B, T, 32), sincos (1, T, 8): sin | cos halves
+        b, t, _ = x.shape
+        q, k, v = (w(x).view(b, t, -1, 16) for w in (self.wq, self.wk, self.wv))
+        sin, cos = (torch.repeat_interleave(z[:, :, None, :], 2, 3) for z in torch.split(sincos, 4, -1))
+
+        def rot(z):
+            zr, zp = z[..., :8], z[..., 8:]
+            pairs = torch.stack((-zr[..., 1::2], zr[..., ::2]), dim=-1).flatten(-2)
+            return torch.cat([zr * cos + pairs * sin, zp], dim=-1)
+        q, k, v = (z.permute(0, 2, 1, 3) for z in (rot(q), rot(k), v))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+@pytest.mark.parametrize("family", ["rope", "attention_rope"])
+def test_rope_on_batch_seq_heads_layout_is_one_site(family):
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    torch.manual_seed(5)
+    model = _GPTJRope()
+    fast = apply(model, Plan((family,)))
+    for t in (5, 3):  # dynamic: the rotary slice is a full slice of dim 1 too
+        x, sincos = torch.randn(2, t, 32), torch.randn(1, t, 8)
+        torch.testing.assert_close(fast(x, sincos), model(x, sincos), atol=1e-4, rtol=1e-4)
+    rows = {r["family"]: r for r in fast.summary()}
+    assert rows[family]["applied"] == 1 and rows["(all)"]["compiles"] == 1, rows
+
+
 class _PartialRope(torch.nn.Module):
     """Partial rotary applied per tensor: q's cat(rotated, passed) reads q's rotation before
     k's slice is taken, so the fused op's operand (k's slice) must move up."""

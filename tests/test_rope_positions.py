@@ -23,9 +23,10 @@ class _Layers(torch.nn.Module):
     def forward(self, q, k, v, cos, sin, kc0, vc0, kc1, vc1, p0, p1):
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)  # (1, 1, T, D)
         outs = []
-        for kc, vc, p in ((kc0, vc0, p0), (kc1, vc1, p1)):
+        for i, (kc, vc, p) in enumerate(((kc0, vc0, p0), (kc1, vc1, p1))):
             pos = torch.arange(q.shape[2]) + p  # (T,)
-            qr, kr = q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
+            ql, kl = q * (i + 2.0), k * (i + 2.0)  # each layer's own q and k
+            qr, kr = ql * c + _rotate_half(ql) * s, kl * c + _rotate_half(kl) * s
             kc.index_copy_(2, pos, kr)
             vc.index_copy_(2, pos, v)
             outs.append(qr * 2 + kc.sum(dim=2, keepdim=True).mean())

@@ -3,12 +3,13 @@ for the runtime's rewrite (runtime/rewrite.py), so both find the same sites."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from torch import fx
 
-from advisor.graph.copies import drop_identity_copies
-from advisor.graph.cse import merge_repeated_views
+from advisor.graph.copies import drop_full_slices, drop_identity_copies
+from advisor.graph.cse import merge_repeated_tables
 from advisor.graph.inplace import write_inputs_in_place
 
 
@@ -16,13 +17,15 @@ from advisor.graph.inplace import write_inputs_in_place
 class Canonical:
     in_place_writes: int  # input (KV cache) updates put back in place
     identity_copies_dropped: int  # eval dropout's clones and cats of one value
-    views_merged: int  # one view of one tensor taken twice
+    repeats_merged: int  # tables, positions, masks and views computed twice
 
 
-def canonicalize(gm: fx.GraphModule) -> Canonical:
-    """Rewrite `gm` in place into the form the patterns expect; idempotent."""
+def canonicalize(gm: fx.GraphModule, params: Mapping[str, str]) -> Canonical:
+    """Rewrite `gm` in place into the form the patterns expect (`params`: placeholder ->
+    weight name); idempotent."""
     # a cache update: one small scatter, not two full copies
     in_place = write_inputs_in_place(gm)
     # before the view merge: a dropped copy's readers now read its input's views
     copies = drop_identity_copies(gm)
-    return Canonical(in_place, copies, merge_repeated_views(gm))
+    drop_full_slices(gm)
+    return Canonical(in_place, copies, merge_repeated_tables(gm, params))

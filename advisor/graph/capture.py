@@ -85,7 +85,7 @@ def capture(model: torch.nn.Module, inputs: Inputs) -> Captured:
     parts: list[GraphPart] = []
 
     def keep(gm: fx.GraphModule, params: dict[str, str], _ex: list[Any]) -> Callable[..., Any]:
-        canonicalize(gm)  # the graph the runtime rewrites (runtime/rewrite.py)
+        canonicalize(gm, params)  # the graph the runtime rewrites (runtime/rewrite.py)
         parts.append(GraphPart(gm=gm, params=params))
         return gm.forward
 

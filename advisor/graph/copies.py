@@ -80,6 +80,36 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
         _known(size == 1) or _known(sa == sb) for size, sa, sb in zip(a.shape, a.stride(), b.stride()))
 
 
+def is_full_slice(node: Any) -> bool:
+    """x[:, ...] spelled out, step 1 to the end: a view of all of x (dynamic-shape traces
+    keep these; a static trace folds them)."""
+    if not is_op(node, aten.slice.Tensor):
+        return False
+    start = node.args[2] if len(node.args) > 2 else 0
+    end = node.args[3] if len(node.args) > 3 else None
+    step = node.args[4] if len(node.args) > 4 else 1
+    return start in (0, None) and step == 1 and (end is None or (isinstance(end, int) and end >= 2**62))
+
+
+def drop_full_slices(gm: fx.GraphModule) -> int:
+    """Read x where a full slice of x was read (one value; patterns compare operands by
+    node): GPT-J's `q[:, :, :, :rotary_dim]` traced with dynamic shapes is a full slice of
+    dim 1 too, so its RoPE read x through two nodes and was not matched. A slice the caller
+    receives is kept (it must not be the input itself). Returns how many."""
+    graph = gm.graph
+    escaping = escaping_storages(graph, {})
+    removed = 0
+    for node in list(graph.nodes):
+        if is_full_slice(node) and node not in escaping and isinstance(node.args[0], fx.Node):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+            removed += 1
+    if removed:
+        graph.lint()
+        gm.recompile()
+    return removed
+
+
 def drop_identity_copies(gm: fx.GraphModule) -> int:
     """Replace each copy whose result has its input's layout by its input; returns how many.
     Kept: a copy the caller receives (it must not alias another output or an input), and

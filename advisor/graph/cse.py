@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Container
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -209,8 +209,9 @@ def _key(value: Any) -> Any:
     raise TypeError  # unhashable or unknown argument: not merged
 
 
-def eliminate_common_subexpressions(gm: fx.GraphModule, only: Container[Any] | None = None) -> int:
-    """Merge repeated functional ops in `gm` (in place), of the targets in `only` when given;
+def eliminate_common_subexpressions(gm: fx.GraphModule,
+                                    only: Callable[[fx.Node], bool] | None = None) -> int:
+    """Merge repeated functional ops in `gm` (in place), those `only` accepts when given;
     returns how many nodes were removed. Recompiles `gm` when it changed."""
     graph = gm.graph
     base = storage_bases(graph)
@@ -232,7 +233,7 @@ def eliminate_common_subexpressions(gm: fx.GraphModule, only: Container[Any] | N
             continue
         if not _is_pure(node) or base[node] in escaping or base[node] in ever_written:
             continue
-        if only is not None and node.target not in only:
+        if only is not None and not only(node):
             continue
         same = _identity_input(node)
         if same is not None and base.get(same, same) not in ever_written:  # x is x all along
@@ -259,9 +260,35 @@ def eliminate_common_subexpressions(gm: fx.GraphModule, only: Container[Any] | N
     return removed
 
 
-def merge_repeated_views(gm: fx.GraphModule) -> int:
-    """Merge views taken twice of one tensor with the same arguments (no launch either way).
-    Before matching: a hand-written RoPE that takes `cos.unsqueeze(1)` inside the function it
-    calls for q and for k reads two nodes holding one value, and q and k are paired by the
-    cos/sin nodes they read (patterns/rope.py)."""
-    return eliminate_common_subexpressions(gm, only=VIEW_OPS)
+def merge_repeated_tables(gm: fx.GraphModule, params: Mapping[str, str]) -> int:
+    """Before matching, merge repeats of what no weight goes into — positions, masks, RoPE
+    tables (`params`: the placeholders that are weights) — and views taken twice (no launch
+    either way). A RoPE written as a function called for q and for k that prepares its
+    tables inside (GPT-J's `repeat_interleave` of sin and cos; `cos.unsqueeze(1)` per call)
+    reads one value through two nodes, and q and k are paired by the cos/sin nodes they
+    read (patterns/rope.py). Activations are left to the pass after the rewrite: merging
+    them could give two sites one node. Returns how many nodes were removed."""
+    weighted: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if _is_weight(node, params) or any(a in weighted for a in node.all_input_nodes):
+            weighted.add(node)
+    return eliminate_common_subexpressions(gm, only=lambda n: n.target in VIEW_OPS or n not in weighted)
+
+
+_WEIGHT_READERS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+                   torch.ops.aten.embedding.default, torch.ops.aten.convolution.default}
+
+
+def _is_weight(node: fx.Node, params: Mapping[str, str]) -> bool:
+    """A parameter or buffer a GEMM or an embedding reads (through views): a weight. A
+    buffer of positions or RoPE tables (GPT-J's `embed_positions`) is not one."""
+    if node.op != "placeholder" or node.name not in params:
+        return False
+    work = list(node.users)
+    while work:
+        user = work.pop()
+        if user.target in _WEIGHT_READERS:
+            return True
+        if user.target in VIEW_OPS:
+            work.extend(user.users)
+    return False

@@ -197,14 +197,16 @@ def _emit_rope_pairs(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx
         with graph.inserting_after(node):
             return _new(graph, target, (node, *args))
 
-    if m.operands.get("pairs"):
-        for i, name in enumerate(("cos", "sin")):
-            table = ops[name]
-            if m.operands["pairs"] == "complex":  # cos, sin = F.real, F.imag (views)
-                table = after(after(table, aten.view_as_real.default), aten.select.int, -1, i)
-            if fake(table).dim() == 4:  # (1|B, T, 1, R/2) or (1|B, 1, T, R/2) -> (1|B, T, R/2)
-                table = after(table, aten.squeeze.dim, 3 - seq_dim)
-            ops[name] = after(table, aten.repeat_interleave.self_int, 2, -1)
+    pairs = m.operands.get("pairs")
+    for i, name in enumerate(("cos", "sin")):
+        table = ops[name]
+        if pairs == "complex":  # cos, sin = F.real, F.imag (views)
+            table = after(after(table, aten.view_as_real.default), aten.select.int, -1, i)
+        if fake(table).dim() == 4 and (pairs or seq_dim == 1):  # (1|B, T, 1, ·) or (1|B, 1, T, ·)
+            table = after(table, aten.squeeze.dim, 3 - seq_dim)  # -> (1|B, T, ·)
+        if pairs:
+            table = after(table, aten.repeat_interleave.self_int, 2, -1)
+        ops[name] = table
     transpose = None
     if seq_dim == 1:
         for name in ("q", "k"):

@@ -328,7 +328,7 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
     cache = {} if cache is None else cache
     all_kernels()  # importing the kernel modules registers their custom ops
     before, params = _count_launches(gm), dict(params)
-    canonical = canonicalize(gm)  # as analysis matched it: caches written in place, copies dropped
+    canonical = canonicalize(gm, params)  # as analysis matched it: caches in place, copies dropped
     results, merged, tried = [], [], set()
     progress = True
     while progress:
@@ -379,7 +379,7 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
     # none, gets them too: the runtime's baseline, which `bench --alone` measures against):
     # per-layer copies of one value (a decoder's additive mask, position arithmetic) and
     # per-layer counter increments: one op each
-    repeats = eliminate_common_subexpressions(gm)
+    repeats = eliminate_common_subexpressions(gm) + canonical.repeats_merged  # and before matching
     increments = batch_input_increments(gm)
     # the causal mask and other values derived from sizes alone: computed once per length
     memoized = memoize_shape_only(gm)

@@ -17,7 +17,7 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from advisor.graph.capture import fake, hint, module_path
-from advisor.graph.copies import through_copies
+from advisor.graph.copies import is_full_slice, through_copies
 from advisor.graph.match import CAST_OPS, Match, aten, is_getitem, is_op, strip_views
 from advisor.kernels.masks import MASKED_BIAS
 
@@ -110,12 +110,7 @@ def bind_args(op: Any, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]
 
 
 def _full_slice(node: Any) -> bool:
-    """x[:, ...] spelled out (dynamic-shape traces keep these no-op slices)."""
-    if not is_op(node, aten.slice.Tensor) or len(node.users) != 1:
-        return False
-    start = node.args[2] if len(node.args) > 2 else 0
-    end = node.args[3] if len(node.args) > 3 else None
-    return start in (0, None) and (end is None or (isinstance(end, int) and end >= 2**62))
+    return is_full_slice(node) and len(node.users) == 1
 
 
 def unrepeat_kv(node: Any) -> tuple[Any, list[fx.Node]]:
@@ -248,9 +243,8 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         a rotation (a partial rotary's cat with nothing passed), and the transpose from a
         RoPE done in (B, T, H, D) (gpt-fast, Meta's reference)."""
         src, copies = through_copies(node)
-        inner = src.args[0] if is_op(src, aten.transpose.int) and len(src.users) == 1 else None
-        if inner in rope_of and rope_of[inner].operands.get("seq_dim") == 1 \
-                and sorted(int(d) % 4 for d in src.args[1:]) == [1, 2]:
+        inner = src.args[0] if _swaps_dims_1_2(src) and len(src.users) == 1 else None
+        if inner in rope_of and rope_of[inner].operands.get("seq_dim") == 1:
             return inner, [*copies, src]
         return src, copies
 
@@ -287,8 +281,8 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         rm = rope_of.get(q_rot)
         seq_dim = rm.operands.get("seq_dim", 2) if rm is not None else 2
         if (rm is not None and rm.outputs.get("q") is q_rot and rm.outputs.get("k") is k_rot
-                and (seq_dim == 1) == bool(q_copies and q_copies[-1].target is aten.transpose.int)
-                and (seq_dim == 1) == bool(k_copies and k_copies[-1].target is aten.transpose.int)):
+                and (seq_dim == 1) == bool(q_copies and _swaps_dims_1_2(q_copies[-1]))
+                and (seq_dim == 1) == bool(k_copies and _swaps_dims_1_2(k_copies[-1]))):
             operands = {**common, **{n: rm.operands[n] for n in ("q", "k", "cos", "sin", "interleaved")},
                         # per-pair tables, (B, T, H, D): the emitter prepares them (emit.py)
                         **{n: rm.operands[n] for n in ("pairs", "seq_dim") if n in rm.operands}}
@@ -299,6 +293,16 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         found.append(Match("attention", "attention", module_path(node), base, operands, {"y": y},
                            tuple(mask_nodes)))
     return found
+
+
+def _swaps_dims_1_2(node: Any) -> bool:
+    """`x.transpose(1, 2)` or `x.permute(0, 2, 1, 3)` of a 4-D x."""
+    t = fake(node)
+    if t is None or t.dim() != 4:
+        return False
+    if is_op(node, aten.transpose.int):
+        return sorted(int(d) % 4 for d in node.args[1:]) == [1, 2]
+    return is_op(node, aten.permute.default) and [int(d) % 4 for d in node.args[1]] == [0, 2, 1, 3]
 
 
 def not_covered(analysis: list[Match], fusable: list[Match]) -> list[Match]:

@@ -45,7 +45,7 @@ def find(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
     stored = {w: through_copies(w.args[3]) for ws in by_pos.values() for w in ws}
     found = []
     for r in ropes:
-        if "pairs" in r.operands:  # operands the rope emitter prepares: not the cache kernel's
+        if "pairs" in r.operands or "seq_dim" in r.operands:  # operands the rope emitter prepares
             continue
         k_rot = r.outputs["k"]
         k_write = next((w for w, (src, _) in stored.items() if src is k_rot), None)

@@ -187,8 +187,9 @@ def _eq(a: Any, b: Any) -> bool:
 
 
 def _table_layout(tx: torch.Tensor, tc: torch.Tensor) -> int | None:
-    """X's sequence dim (1: (B, T, H, D), 2: (B, H, T, D)) read off how a per-pair table
-    (..., D/2) broadcasts against X's pairs: (1|B, T, 1, ·) or (1|B, 1, T, ·) or (T, ·)."""
+    """X's sequence dim (1: (B, T, H, D), 2: (B, H, T, D)) read off how a cos/sin table
+    (..., R), or a per-pair one (..., R/2), broadcasts against X (or its pairs):
+    (1|B, T, 1, ·) or (1|B, 1, T, ·) or (T, ·)."""
     # one table value per pair (by broadcasting, a width of 1 would serve every pair)
     if tx.dim() != 4 or (_eq(tc.shape[-1], 1) and not _eq(tx.shape[-1], 2)):
         return None
@@ -318,6 +319,9 @@ def _rope_at(node: fx.Node) -> Match | None:
             if views:  # the slices run first, the cat last
                 nodes = (*views, *nodes, y)
             operands = {"x": x, "cos": cos, "sin": sin, "interleaved": interleaved}
+            tx, tc = fake(x), fake(cos)
+            if tx is not None and tc is not None and _table_layout(tx, tc) == 1:
+                operands["seq_dim"] = 1  # (B, T, H, D), GPT-J: the emitter transposes
             return Match("rope", "rope_qk", module_path(add), nodes, operands, {"y": y})
     return None
 
