@@ -19,6 +19,7 @@ copies is not) when the fused kernel does not care about its operand's layout.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -96,16 +97,25 @@ def drop_full_slices(gm: fx.GraphModule) -> int:
     node): GPT-J's `q[:, :, :, :rotary_dim]` traced with dynamic shapes is a full slice of
     dim 1 too, so its RoPE read x through two nodes and was not matched. A slice the caller
     receives is kept (it must not be the input itself). Returns how many."""
-    graph = gm.graph
-    escaping = escaping_storages(graph, {})
+    escaping = escaping_storages(gm.graph, {})
+
+    def source(node: fx.Node) -> fx.Node | None:
+        full = is_full_slice(node) and node not in escaping and isinstance(node.args[0], fx.Node)
+        return node.args[0] if full else None
+    return _replace_each(gm, source)
+
+
+def _replace_each(gm: fx.GraphModule, source: Callable[[fx.Node], fx.Node | None]) -> int:
+    """Read `source(node)` wherever a node it names one for was read; returns how many."""
     removed = 0
-    for node in list(graph.nodes):
-        if is_full_slice(node) and node not in escaping and isinstance(node.args[0], fx.Node):
-            node.replace_all_uses_with(node.args[0])
-            graph.erase_node(node)
+    for node in list(gm.graph.nodes):
+        src = source(node)
+        if src is not None:
+            node.replace_all_uses_with(src)
+            gm.graph.erase_node(node)
             removed += 1
     if removed:
-        graph.lint()
+        gm.graph.lint()
         gm.recompile()
     return removed
 
@@ -114,21 +124,15 @@ def drop_identity_copies(gm: fx.GraphModule) -> int:
     """Replace each copy whose result has its input's layout by its input; returns how many.
     Kept: a copy the caller receives (it must not alias another output or an input), and
     one whose input or result is written in place somewhere in the graph (a KV cache)."""
-    graph = gm.graph
-    base = storage_bases(graph)
-    written = written_storages(graph, base)
-    escaping = escaping_storages(graph, base)
-    removed = 0
-    for node in list(graph.nodes):
+    base = storage_bases(gm.graph)
+    written = written_storages(gm.graph, base)
+    escaping = escaping_storages(gm.graph, base)
+
+    def source(node: fx.Node) -> fx.Node | None:
         src = copied_value(node)
         if src is None or not _same_layout(fake(src), fake(node)):
-            continue
+            return None
         if base[node] in escaping or base[node] in written or base.get(src, src) in written:
-            continue
-        node.replace_all_uses_with(src)
-        graph.erase_node(node)
-        removed += 1
-    if removed:
-        graph.lint()
-        gm.recompile()
-    return removed
+            return None
+        return src
+    return _replace_each(gm, source)
