@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from advisor.graph.cse import eliminate_common_subexpressions, merge_repeated_tables
+from advisor.graph.cse import _is_weight, eliminate_common_subexpressions, merge_repeated_tables
 
 aten = torch.ops.aten
 
@@ -163,3 +163,15 @@ def test_merge_repeated_tables_merges_what_no_weight_goes_into():
     assert _count(gm, aten.unsqueeze.default) == 1 and _count(gm, aten.exp.default) == 3
     for got, want in zip(gm(*args), f(*args)):
         torch.testing.assert_close(got, want)
+
+
+def test_a_weight_is_what_a_gemm_or_embedding_reads_as_one():
+    def f(w, emb, inv_freq, ids, pos):  # inv_freq: transformers' outer product's left operand
+        angles = inv_freq[None, :, None].expand(1, -1, 1) @ pos[None, None, :]
+        return torch.nn.functional.embedding(ids, emb) @ w.t(), angles
+
+    args = (torch.randn(6, 6), torch.randn(10, 6), torch.randn(3), torch.tensor([1, 2]), torch.randn(4))
+    gm = make_fx(f)(*args)
+    w, emb, inv_freq, ids, pos = (n for n in gm.graph.nodes if n.op == "placeholder")
+    params = {n.name: n.name for n in (w, emb, inv_freq)}
+    assert [_is_weight(n, params) for n in (w, emb, inv_freq, ids, pos)] == [True, True, False, False, False]

@@ -370,6 +370,38 @@ def test_rope_on_batch_seq_heads_layout_is_one_site(family):
     assert rows[family]["applied"] == 1 and rows["(all)"]["compiles"] == 1, rows
 
 
+class _MQARope(torch.nn.Module):
+    """transformers' layout with one KV head: at one token, k (B, 1, 1, D) reads as
+    (B, T, H, D) as well as (B, H, T, D); q's layout settles it."""
+
+    def __init__(self, kv_heads):
+        super().__init__()
+        self.wq, self.wk, self.wv = (torch.nn.Linear(32, h * 16, bias=False) for h in (4, kv_heads, kv_heads))
+
+    def forward(self, x, cos, sin):  # cos/sin (B, T, 16)
+        b, t, _ = x.shape
+        q, k, v = (w(x).view(b, t, -1, 16).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        half = lambda z: torch.cat((-z[..., 8:], z[..., :8]), -1)  # noqa: E731
+        q, k = q * c + half(q) * s, k * c + half(k) * s
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=True)
+
+
+@pytest.mark.parametrize("family", ["rope", "attention_rope"])
+@pytest.mark.parametrize("kv_heads", [1, 4])
+def test_one_token_rope_with_one_kv_head_is_one_site(family, kv_heads):
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    torch.manual_seed(6)
+    model = _MQARope(kv_heads)
+    fast = apply(model, Plan((family,)))
+    x, cos, sin = torch.randn(2, 1, 32), torch.randn(2, 1, 16), torch.randn(2, 1, 16)
+    torch.testing.assert_close(fast(x, cos, sin), model(x, cos, sin), atol=1e-4, rtol=1e-4)
+    rows = {r["family"]: r for r in fast.summary()}
+    assert rows[family]["applied"] == 1, rows
+
+
 class _PartialRope(torch.nn.Module):
     """Partial rotary applied per tensor: q's cat(rotated, passed) reads q's rotation before
     k's slice is taken, so the fused op's operand (k's slice) must move up."""

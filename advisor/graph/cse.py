@@ -275,20 +275,26 @@ def merge_repeated_tables(gm: fx.GraphModule, params: Mapping[str, str]) -> int:
     return eliminate_common_subexpressions(gm, only=lambda n: n.target in VIEW_OPS or n not in weighted)
 
 
-_WEIGHT_READERS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-                   torch.ops.aten.embedding.default, torch.ops.aten.convolution.default}
+# op -> the argument that is its weight (a GEMM's right-hand side, an embedding table)
+_WEIGHT_ARG = {torch.ops.aten.mm.default: 1, torch.ops.aten.addmm.default: 2,
+               torch.ops.aten.bmm.default: 1, torch.ops.aten.embedding.default: 0,
+               torch.ops.aten.convolution.default: 1}
 
 
 def _is_weight(node: fx.Node, params: Mapping[str, str]) -> bool:
-    """A parameter or buffer a GEMM or an embedding reads (through views): a weight. A
-    buffer of positions or RoPE tables (GPT-J's `embed_positions`) is not one."""
-    if node.op != "placeholder" or node.name not in params:
+    """A parameter or buffer of >= 2 dims that a GEMM reads as its weight or an embedding
+    as its table (through views). RoPE's `inv_freq` (1-D, a bmm's left operand in
+    `transformers`' outer product) and GPT-J's `embed_positions` (indexed) are not."""
+    val = node.meta.get("val")
+    if node.op != "placeholder" or node.name not in params or not (
+            isinstance(val, torch.Tensor) and val.dim() >= 2):
         return False
-    work = list(node.users)
+    work = [(node, user) for user in node.users]
     while work:
-        user = work.pop()
-        if user.target in _WEIGHT_READERS:
+        src, user = work.pop()
+        arg = _WEIGHT_ARG.get(user.target)
+        if arg is not None and len(user.args) > arg and user.args[arg] is src:
             return True
         if user.target in VIEW_OPS:
-            work.extend(user.users)
+            work.extend((user, u) for u in user.users)
     return False

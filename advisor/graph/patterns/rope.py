@@ -189,7 +189,8 @@ def _eq(a: Any, b: Any) -> bool:
 def _table_layout(tx: torch.Tensor, tc: torch.Tensor) -> int | None:
     """X's sequence dim (1: (B, T, H, D), 2: (B, H, T, D)) read off how a cos/sin table
     (..., R), or a per-pair one (..., R/2), broadcasts against X (or its pairs):
-    (1|B, T, 1, ·) or (1|B, 1, T, ·) or (T, ·)."""
+    (1|B, T, 1, ·) or (1|B, 1, T, ·) or (T, ·). EITHER where both readings fit (one token
+    and one head: a decode step's k with one KV head); `find` settles it with the rest."""
     # one table value per pair (by broadcasting, a width of 1 would serve every pair)
     if tx.dim() != 4 or (_eq(tc.shape[-1], 1) and not _eq(tx.shape[-1], 2)):
         return None
@@ -197,10 +198,12 @@ def _table_layout(tx: torch.Tensor, tc: torch.Tensor) -> int | None:
         return 2 if _eq(tc.shape[0], tx.shape[2]) else None
     if tc.dim() != 4 or not (_eq(tc.shape[0], 1) or _eq(tc.shape[0], tx.shape[0])):
         return None
-    for seq, heads in ((1, 2), (2, 1)):
-        if _eq(tc.shape[heads], 1) and _eq(tc.shape[seq], tx.shape[seq]):
-            return seq
-    return None
+    fits = [seq for seq, heads in ((1, 2), (2, 1))
+            if _eq(tc.shape[heads], 1) and _eq(tc.shape[seq], tx.shape[seq])]
+    return fits[0] if len(fits) == 1 else EITHER if fits else None
+
+
+EITHER = 0  # a RoPE whose layout reads the same either way (`_table_layout`)
 
 
 def _pairs_rope_at(stack: fx.Node) -> Match | None:
@@ -320,8 +323,9 @@ def _rope_at(node: fx.Node) -> Match | None:
                 nodes = (*views, *nodes, y)
             operands = {"x": x, "cos": cos, "sin": sin, "interleaved": interleaved}
             tx, tc = fake(x), fake(cos)
-            if tx is not None and tc is not None and _table_layout(tx, tc) == 1:
-                operands["seq_dim"] = 1  # (B, T, H, D), GPT-J: the emitter transposes
+            layout = _table_layout(tx, tc) if tx is not None and tc is not None else None
+            if layout in (1, EITHER):
+                operands["seq_dim"] = layout  # 1: (B, T, H, D), GPT-J: the emitter transposes
             return Match("rope", "rope_qk", module_path(add), nodes, operands, {"y": y})
     return None
 
@@ -360,9 +364,14 @@ def find(gm: fx.GraphModule) -> list[Match]:
     by_key: dict[tuple[Any, ...], list[Match]] = defaultdict(list)
     for m in singles:
         by_key[(m.operands["cos"], m.operands["sin"], m.module, m.operands["interleaved"],
-                m.operands.get("pairs", False), m.operands.get("seq_dim", 2))].append(m)
+                m.operands.get("pairs", False))].append(m)
     found = []
-    for (cos, sin, module, interleaved, pairs, seq_dim), ms in by_key.items():
+    for (cos, sin, module, interleaved, pairs), ms in by_key.items():
+        # the rotations' layout: the one those that tell agree on ((B, H, T, D) if none does)
+        told = {m.operands.get("seq_dim", 2) for m in ms} - {EITHER}
+        if len(told) > 1:
+            continue
+        seq_dim = told.pop() if told else 2
         ms = sorted(ms, key=lambda m: m.nodes[-1].meta.get("seq_nr", 0))
         heads = 3 - seq_dim  # (B, H, T, D) or (B, T, H, D)
         for q, k in zip(ms[0::2], ms[1::2]):
