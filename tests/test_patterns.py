@@ -402,6 +402,33 @@ def test_one_token_rope_with_one_kv_head_is_one_site(family, kv_heads):
     assert rows[family]["applied"] == 1, rows
 
 
+class _FlatExpertMLP(torch.nn.Module):
+    """A MoE block's shared expert: hidden states flattened to (B·T, D) once, read by the
+    router too (so the flat view is shared); the expert's output stays (B·T, D)."""
+
+    def __init__(self, d=32, f=48):
+        super().__init__()
+        self.router = torch.nn.Linear(d, 4, bias=False)
+        self.gate, self.up = torch.nn.Linear(d, f, bias=False), torch.nn.Linear(d, f, bias=False)
+
+    def forward(self, x):  # x (B, T, D)
+        h = x.view(-1, x.shape[-1])
+        return torch.nn.functional.silu(self.gate(h)) * self.up(h), self.router(h)
+
+
+def test_gate_up_of_a_shared_flat_view_keeps_the_flat_shape():
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    torch.manual_seed(7)
+    model, x = _FlatExpertMLP(), torch.randn(2, 5, 32)
+    fast = apply(model, Plan(("gate_up_swiglu",)))
+    for got, want in zip(fast(x), model(x)):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    rows = {r["family"]: r for r in fast.summary()}
+    assert rows["gate_up_swiglu"]["applied"] == 1 and not rows["gate_up_swiglu"]["unfused"], rows
+
+
 class _PartialRope(torch.nn.Module):
     """Partial rotary applied per tensor: q's cat(rotated, passed) reads q's rotation before
     k's slice is taken, so the fused op's operand (k's slice) must move up."""

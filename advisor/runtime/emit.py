@@ -140,6 +140,15 @@ def _reroute(out: fx.Node, new: fx.Node, inside: set[fx.Node]) -> fx.Node:
     strides than the captured value (later views in the graph were traced against them),
     it is first copied into that layout."""
     val, got = fake(out), fake(new)
+    if val is not None and got is not None and got.dim() > val.dim():
+        # the kernel kept x's leading dims where the site's output flattened them (a MoE
+        # block's experts read hidden states as (B·T, D)): view it as (-1, *rest)
+        rest = list(val.shape[1:])
+        if not all(isinstance(d, int) for d in rest):
+            raise EmitError(f"cannot view the fused result {tuple(got.shape)} as {tuple(val.shape)}")
+        with new.graph.inserting_after(new):
+            new = _new(new.graph, aten.view.default, (new, [-1, *rest]))
+        got = fake(new)
     if val is not None and not _same_layout(val, got):
         # Dense layout with the captured dim order (static even when sizes are symbolic):
         # permute to that order, make contiguous, permute back.
