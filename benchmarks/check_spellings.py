@@ -44,10 +44,14 @@ def _hf(name: str) -> torch.nn.Module:
     import transformers
 
     cfg_name, model_name, kwargs = HF[name]
-    config = getattr(transformers, cfg_name)(**kwargs)
-    config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    model = getattr(transformers, model_name)(config).eval()
+    try:
+        config = getattr(transformers, cfg_name)(**kwargs)
+        config._attn_implementation = "sdpa"
+        model = getattr(transformers, model_name)(config).eval()
+    except ValueError:  # a family without SDPA in this transformers (GPT-J in 4.x): its default
+        torch.manual_seed(0)
+        model = getattr(transformers, model_name)(getattr(transformers, cfg_name)(**kwargs)).eval()
     with torch.no_grad():  # norm weights away from 1, small biases: a dropped term shows
         for n, p in model.named_parameters():
             if p.dim() == 1:
