@@ -8,9 +8,8 @@ whole subgraph, used both to price it (launches, bytes) and to check it is self-
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -179,7 +178,7 @@ def with_shared_views(m: Match) -> Match:
     keep = {*m.shared, *m.outputs.values()}
     extra = tuple(n for n in m.nodes if n not in keep and _is_view(n)
                   and any(u not in inside for u in n.users) and source(n) not in inside)
-    return dataclasses.replace(m, shared=(*m.shared, *extra)) if extra else m
+    return replace(m, shared=(*m.shared, *extra)) if extra else m
 
 
 def module_of(nodes: Iterable[fx.Node]) -> str:

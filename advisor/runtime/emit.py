@@ -192,14 +192,13 @@ def _emit_kernel(graph: fx.Graph, m: Match, config: str,
     return replaced
 
 
-def _emit_rope_pairs(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
-    """A RoPE matched on (re, im) pairs or in (B, T, H, D) (patterns/rope.py
-    `_pairs_rope_at`, `_complex_rope_at`), alone or folded into the attention: the kernel's
-    operands made first — a complex
-    table's real and imaginary parts (views), each per-pair table value
-    repeated twice (a (1|B, T, R) table: a small copy, the same for every layer, which
-    CSE leaves one of), q and k transposed to (B, H, T, D) (views) — and its results
-    transposed back."""
+def _emit_prepared_rope(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
+    """A RoPE matched on (re, im) pairs or on (B, T, H, D) (patterns/rope.py: `seq_dim`,
+    `pairs`), alone or folded into the attention. The kernel's operands are made first: a
+    complex table's real and imaginary parts (views); a 4-D table squeezed to (1|B, T, ·);
+    each per-pair value repeated twice (a small copy of the table, the same for every
+    layer, which CSE leaves one of); q and k transposed to (B, H, T, D) (views). rope_qk's
+    results are transposed back."""
     ops, seq_dim = dict(m.operands), m.operands.get("seq_dim", 2)
 
     def after(node: fx.Node, target: Any, *args: Any) -> fx.Node:
@@ -401,7 +400,7 @@ def emit(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
     if m.kernel == "rope_table":
         return _emit_rope_table(graph, m, config)
     if m.kernel in ("rope_qk", "attention") and ("pairs" in m.operands or "seq_dim" in m.operands):
-        return _emit_rope_pairs(graph, m, config)
+        return _emit_prepared_rope(graph, m, config)
     if m.kernel in KERNEL_ARGS:
         return _emit_kernel(graph, m, config)
     raise EmitError(f"no emitter for kernel {m.kernel!r}")

@@ -210,7 +210,7 @@ def _pairs_rope_at(stack: fx.Node) -> Match | None:
     """RoPE on (re, im) pairs written out (`_complex_product`) of X (B, T, H, D) or
     (B, H, T, D), fp32 math cast back allowed: the interleaved convention with one table
     value per pair. The kernels take full-width tables in (B, H, T, D) order: the emitter
-    repeats each table value twice and transposes X (runtime/emit.py `_emit_rope_pairs`)."""
+    repeats each table value twice and transposes X (runtime/emit.py `_emit_prepared_rope`)."""
     found = _complex_product(stack)
     flat = next(iter(stack.users)) if len(stack.users) == 1 else None
     if found is None or not is_op(flat, *_FLATTENS):
