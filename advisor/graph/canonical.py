@@ -11,6 +11,7 @@ from torch import fx
 from advisor.graph.copies import drop_full_slices, drop_identity_copies
 from advisor.graph.cse import merge_repeated_tables
 from advisor.graph.inplace import write_inputs_in_place
+from advisor.graph.linear_forms import products_as_linears
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,7 @@ class Canonical:
     in_place_writes: int  # input (KV cache) updates put back in place
     identity_copies_dropped: int  # eval dropout's clones and cats of one value
     repeats_merged: int  # tables, positions, masks and views computed twice
+    products_as_linears: int  # einsum's projections, now nn.Linear's mm(x, t(W))
 
 
 def canonicalize(gm: fx.GraphModule, params: Mapping[str, str]) -> Canonical:
@@ -28,4 +30,6 @@ def canonicalize(gm: fx.GraphModule, params: Mapping[str, str]) -> Canonical:
     # before the view merge: a dropped copy's readers now read its input's views
     copies = drop_identity_copies(gm)
     drop_full_slices(gm)
-    return Canonical(in_place, copies, merge_repeated_tables(gm, params))
+    # before the merge: it tells a weight (what no repeat is merged into) by the GEMMs reading it
+    products = products_as_linears(gm, dict(params))
+    return Canonical(in_place, copies, merge_repeated_tables(gm, params), products)

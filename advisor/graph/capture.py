@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch._guards import detect_fake_mode
+from torch.utils import _pytree as pytree
 
 from advisor.loader import Inputs, call
 
@@ -154,3 +156,21 @@ def nbytes(node: Any) -> int:
     if t is None:
         return 0
     return hint(t.numel()) * t.element_size()
+
+
+def new_node(graph: fx.Graph, target: Any, args: tuple, kwargs: dict | None = None) -> fx.Node:
+    return infer_meta(graph.call_function(target, args, kwargs or {}))
+
+
+def infer_meta(node: fx.Node, like: fx.Node | None = None) -> fx.Node:
+    """Give an inserted node what captured nodes have: its fake value (shape, dtype,
+    strides, computed under the graph's fake mode) and the module path of `like`."""
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    tensors = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
+    mode = detect_fake_mode(tensors)
+    if mode is not None and callable(node.target):
+        with mode:
+            node.meta["val"] = node.target(*args, **kwargs)
+    if like is not None and "nn_module_stack" in like.meta:
+        node.meta["nn_module_stack"] = like.meta["nn_module_stack"]
+    return node

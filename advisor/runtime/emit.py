@@ -13,10 +13,9 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch._guards import detect_fake_mode
 from torch.utils import _pytree as pytree
 
-from advisor.graph.capture import fake, hint
+from advisor.graph.capture import fake, hint, new_node
 from advisor.graph.cse import written_by
 from advisor.graph.match import VIEW_OPS, Match, aten
 
@@ -38,24 +37,6 @@ KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gated_linear": (("gate", "up", "weight", "bias", "residual", "activation"), ("y",)),  # own emitter
     "rope_table": (("a", "b", "cos_scale", "sin_scale", "dup", "dtype"), ("cos", "sin")),  # own emitter
 }
-
-
-def _new(graph: fx.Graph, target: Any, args: tuple, kwargs: dict | None = None) -> fx.Node:
-    return _infer_meta(graph.call_function(target, args, kwargs or {}))
-
-
-def _infer_meta(node: fx.Node, like: fx.Node | None = None) -> fx.Node:
-    """Give an inserted node what captured nodes have: its fake value (shape, dtype,
-    strides, computed under the graph's fake mode) and the module path of `like`."""
-    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
-    tensors = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
-    mode = detect_fake_mode(tensors)
-    if mode is not None and callable(node.target):
-        with mode:
-            node.meta["val"] = node.target(*args, **kwargs)
-    if like is not None and "nn_module_stack" in like.meta:
-        node.meta["nn_module_stack"] = like.meta["nn_module_stack"]
-    return node
 
 
 OPTIONAL_OPERANDS = {"weight", "bias", "cos", "sin", "mask", "q_pos"}  # may be None (the op takes Tensor?)
@@ -147,7 +128,7 @@ def _reroute(out: fx.Node, new: fx.Node, inside: set[fx.Node]) -> fx.Node:
         if not all(isinstance(d, int) for d in rest):
             raise EmitError(f"cannot view the fused result {tuple(got.shape)} as {tuple(val.shape)}")
         with new.graph.inserting_after(new):
-            new = _new(new.graph, aten.view.default, (new, [-1, *rest]))
+            new = new_node(new.graph, aten.view.default, (new, [-1, *rest]))
         got = fake(new)
     if val is not None and not _same_layout(val, got):
         # Dense layout with the captured dim order (static even when sizes are symbolic):
@@ -156,11 +137,11 @@ def _reroute(out: fx.Node, new: fx.Node, inside: set[fx.Node]) -> fx.Node:
         inverse = sorted(range(val.dim()), key=order.__getitem__)
         graph = new.graph
         with graph.inserting_after(new):
-            perm = _new(graph, aten.permute.default, (new, order))
+            perm = new_node(graph, aten.permute.default, (new, order))
         with graph.inserting_after(perm):
-            dense = _new(graph, aten.clone.default, (perm,), {"memory_format": torch.contiguous_format})
+            dense = new_node(graph, aten.clone.default, (perm,), {"memory_format": torch.contiguous_format})
         with graph.inserting_after(dense):
-            new = _new(graph, aten.permute.default, (dense, inverse))
+            new = new_node(graph, aten.permute.default, (dense, inverse))
     out.replace_all_uses_with(new, delete_user_cb=lambda user: user not in inside)
     return new
 
@@ -178,14 +159,14 @@ def _emit_kernel(graph: fx.Graph, m: Match, config: str,
     after = _insert_point(graph, m, args)
     inside = set(m.nodes)
     with graph.inserting_after(after):
-        call = _new(graph, op, (*args, config))
+        call = new_node(graph, op, (*args, config))
     if len(results) == 1:
         out = result_view(call) if result_view else call
         return {m.outputs[results[0]]: _reroute(m.outputs[results[0]], out, inside)}
     cursor, replaced = call, {}
     for i, name in enumerate(results):
         with graph.inserting_after(cursor):
-            cursor = _new(graph, operator.getitem, (call, i))
+            cursor = new_node(graph, operator.getitem, (call, i))
         if result_view:
             cursor = result_view(cursor)
         replaced[m.outputs[name]] = _reroute(m.outputs[name], cursor, inside)
@@ -203,7 +184,7 @@ def _emit_prepared_rope(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node,
 
     def after(node: fx.Node, target: Any, *args: Any) -> fx.Node:
         with graph.inserting_after(node):
-            return _new(graph, target, (node, *args))
+            return new_node(graph, target, (node, *args))
 
     pairs = m.operands.get("pairs")
     for i, name in enumerate(("cos", "sin")):
@@ -228,12 +209,12 @@ def _emit_bias_act_addmm(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node
     """addmm(b, x, Wᵀ) → view → act  becomes  mm(x, Wᵀ) → view → bias_act(·, b)."""
     addmm, x_view = m.operands["addmm"], m.operands["x_view"]
     with graph.inserting_before(addmm):
-        mm = _new(graph, aten.mm.default, (addmm.args[1], addmm.args[2]))
+        mm = new_node(graph, aten.mm.default, (addmm.args[1], addmm.args[2]))
     mm.meta = dict(addmm.meta)
     addmm.replace_all_uses_with(mm)
     x_view = mm if x_view is addmm else x_view  # a 2-D input: the act reads the addmm itself
     with graph.inserting_after(x_view):
-        call = _new(graph, torch.ops.advisor.bias_act.default,
+        call = new_node(graph, torch.ops.advisor.bias_act.default,
                     (x_view, m.operands["bias"], m.operands["activation"], config))
     m.outputs["y"].replace_all_uses_with(call)
     return {addmm: mm, m.outputs["y"]: call}
@@ -246,7 +227,7 @@ def _emit_merged_linear(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node,
     weights, biases = m.operands["weights"], m.operands["biases"]
     after = _insert_point(graph, m, [x2d, *weights, *[b for b in biases if b is not None]])
     with graph.inserting_after(after):
-        call = _new(graph, torch.ops.advisor.merged_linear.default, (x2d, weights, biases))
+        call = new_node(graph, torch.ops.advisor.merged_linear.default, (x2d, weights, biases))
     return _slice_columns(graph, call, outs, weights)
 
 
@@ -257,9 +238,9 @@ def _emit_rmsnorm_linear(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node
     after = _insert_point(graph, m, [x, m.operands["weight"], *weights])
     k = int(fake(weights[0]).shape[1])
     with graph.inserting_after(after):
-        x2d = _new(graph, aten.view.default, (x, [-1, k]))
+        x2d = new_node(graph, aten.view.default, (x, [-1, k]))
     with graph.inserting_after(x2d):
-        call = _new(graph, torch.ops.advisor.rmsnorm_linear.default,
+        call = new_node(graph, torch.ops.advisor.rmsnorm_linear.default,
                     (x2d, m.operands["weight"], weights, m.operands["eps"], m.operands["weight_offset"],
                      config))
     return _slice_columns(graph, call, [m.outputs[f"out{i}"] for i in range(len(weights))], weights)
@@ -272,7 +253,7 @@ def _slice_columns(graph: fx.Graph, call: fx.Node, outs: list[fx.Node],
     for out, w in zip(outs, weights):
         rows = int(fake(w).shape[0])
         with graph.inserting_after(cursor):
-            cursor = _new(graph, aten.slice.Tensor, (call, 1, start, start + rows))
+            cursor = new_node(graph, aten.slice.Tensor, (call, 1, start, start + rows))
         out.replace_all_uses_with(cursor)
         replaced[out] = cursor
         start += rows
@@ -288,14 +269,14 @@ def _emit_linear_epilogue(graph: fx.Graph, m: Match, config: str) -> dict[fx.Nod
     r = m.operands.get("residual")  # linear_residual: r (..., N), read as (M, N) rows
     after = _insert_point(graph, m, [x, w, b, r, shape])
     with graph.inserting_after(after):
-        r2 = None if r is None else _new(graph, aten.reshape.default, (r, [-1, int(fake(w).shape[0])]))
+        r2 = None if r is None else new_node(graph, aten.reshape.default, (r, [-1, int(fake(w).shape[0])]))
     with graph.inserting_after(r2 if r2 is not None else after):
-        call = _new(graph, torch.ops.advisor.gemm_epilogue.default,
+        call = new_node(graph, torch.ops.advisor.gemm_epilogue.default,
                     (x, w, b, r2, m.operands["activation"], config))
     y = call
     if shape is not None:
         with graph.inserting_after(call):
-            y = _new(graph, aten.view.default, (call, shape))
+            y = new_node(graph, aten.view.default, (call, shape))
     return {m.outputs["y"]: _reroute(m.outputs["y"], y, set(m.nodes))}
 
 
@@ -307,10 +288,10 @@ def _emit_gated_linear(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, 
     r, shape = m.operands.get("residual"), m.operands.get("out_shape")
     after = _insert_point(graph, m, [*args, shape])
     with graph.inserting_after(after):
-        call = _new(graph, torch.ops.advisor.gated_linear.default, (*args, config))
+        call = new_node(graph, torch.ops.advisor.gated_linear.default, (*args, config))
     n = int(fake(m.operands["weight"]).shape[0])
     with graph.inserting_after(call):
-        y = _new(graph, aten.view.default, (call, shape if r is not None else [-1, n]))
+        y = new_node(graph, aten.view.default, (call, shape if r is not None else [-1, n]))
     return {m.outputs["y"]: _reroute(m.outputs["y"], y, set(m.nodes))}
 
 
@@ -354,7 +335,7 @@ def _emit_rope_cache(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx
     after = _insert_point(graph, m, args)
     inside = set(m.nodes)
     with graph.inserting_after(after):
-        call = _new(graph, torch.ops.advisor.rope_qk_cache.default, (*args, config))
+        call = new_node(graph, torch.ops.advisor.rope_qk_cache.default, (*args, config))
     replaced = {m.outputs["q"]: _reroute(m.outputs["q"], call, inside)}
     for name in ("k_cache", "v_cache"):
         write = m.outputs[name]
@@ -374,10 +355,10 @@ def _emit_rope_table(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx
         node = m.operands[name]
         for view in m.operands.get(f"{name}_views", ()):
             with graph.inserting_after(view):  # after its sizes too (symbolic ones are nodes)
-                node = _new(graph, view.target, (node, *view.args[1:]), dict(view.kwargs))
+                node = new_node(graph, view.target, (node, *view.args[1:]), dict(view.kwargs))
         for d0, d1 in m.operands["transposes"]:
             with graph.inserting_after(node):
-                node = _new(graph, aten.transpose.int, (node, d0, d1))
+                node = new_node(graph, aten.transpose.int, (node, d0, d1))
         factors[name] = node
     return _emit_kernel(graph, dataclasses.replace(m, operands={**m.operands, **factors}), config)
 

@@ -1,0 +1,97 @@
+"""Products with a weight spelled as einsum (graph/linear_forms.py) become nn.Linear's
+mm(view(x), t(W)), which the linear patterns match; products that are not x's rows times a
+weight's transpose are left as they are, and every graph still computes what it did."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from advisor.graph.linear_forms import products_as_linears
+from advisor.graph.patterns.linear import find_linears
+from advisor.runtime.apply import apply
+from advisor.runtime.plan import Plan
+
+aten = torch.ops.aten
+
+
+def _rewritten(fn, x, w) -> tuple[int, int]:
+    """(products rewritten, linears found after) in fn(x, w)'s graph, w a weight; the graph
+    still computes fn."""
+    gm = make_fx(fn, tracing_mode="fake")(x, w)
+    params = {[n for n in gm.graph.nodes if n.op == "placeholder"][1].name: "w"}
+    n = products_as_linears(gm, params)
+    torch.testing.assert_close(gm(x, w), fn(x, w))
+    return n, len(find_linears(gm, params))
+
+
+X, W = torch.randn(2, 5, 8), torch.randn(6, 8)  # x (B, T, K), W (N, K)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, w: torch.einsum("btk,nk->btn", x, w),
+    lambda x, w: torch.einsum("...k,nk->...n", x, w),
+    lambda x, w: torch.einsum("bti,oi->bto", x, w) + 1.0,
+])
+def test_einsum_by_a_weights_transpose_becomes_a_linear(fn):
+    assert _rewritten(fn, X, W) == (1, 1)
+
+
+def test_two_dimensional_rows_too():
+    assert _rewritten(lambda x, w: torch.einsum("mk,nk->mn", x, w), X[0], W) == (1, 1)
+
+
+def test_nn_linears_form_is_left_alone():
+    assert _rewritten(lambda x, w: F.linear(x, w), X, W) == (0, 1)
+    assert _rewritten(lambda x, w: x @ w.T, X, W) == (0, 1)
+
+
+@pytest.mark.parametrize("fn, w", [
+    (lambda x, w: torch.einsum("btk,kn->btn", x, w), W.T.contiguous()),  # W stored (K, N)
+    (lambda x, w: x @ w, W.T.contiguous()),
+    (lambda x, w: torch.einsum("btk,nk->btn", x, w[:3]), W),  # a slice of the weight
+    (lambda x, w: torch.einsum("btk,nk->btn", x, w[:, :4].expand(6, 4).repeat(1, 2)), W),  # a copy
+])
+def test_other_products_with_a_parameter_are_left_as_they_are(fn, w):
+    assert _rewritten(fn, X, w)[0] == 0
+
+
+@pytest.mark.parametrize("spec", ["tbk,nk->btn", "tbk,nk->tbn", "btk,nk->bnt"])
+def test_outputs_in_another_order_keep_their_permute(spec):
+    # the product's rows are x's in x's order; the output's order is the views' after it
+    assert _rewritten(lambda x, w: torch.einsum(spec, x, w), X, W) == (1, 1)
+
+
+def test_batched_products_of_activations_are_not_linears():
+    q, k = torch.randn(2, 5, 8), torch.randn(2, 6, 8)
+    gm = make_fx(lambda q, k: torch.einsum("btk,bsk->bts", q, k), tracing_mode="fake")(q, k)
+    assert products_as_linears(gm, {}) == 0
+
+
+class _EinsumMLP(torch.nn.Module):
+    """A hand-written RMSNorm → SwiGLU MLP whose projections are einsums over (N, K) weights."""
+
+    def __init__(self, d=16, f=24):
+        super().__init__()
+        self.norm = torch.nn.Parameter(torch.rand(d) + 0.5)
+        self.gate, self.up = torch.nn.Parameter(torch.randn(f, d) / 4), torch.nn.Parameter(torch.randn(f, d) / 4)
+        self.down = torch.nn.Parameter(torch.randn(d, f) / 5)
+
+    def forward(self, x):
+        h = self.norm * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+        g = torch.einsum("btd,fd->btf", h, self.gate)
+        u = torch.einsum("btd,fd->btf", h, self.up)
+        return x + torch.einsum("btf,df->btd", F.silu(g) * u, self.down)
+
+
+def test_einsum_projections_fuse_in_a_model():
+    torch.manual_seed(0)
+    model = _EinsumMLP().eval()
+    x = torch.randn(2, 7, 16)
+    ref = model(x)
+    fast = apply(model, Plan(("rms_norm_swiglu", "linear_residual")))
+    torch.testing.assert_close(fast(x), ref, rtol=1e-4, atol=1e-4)
+    applied = {r["family"]: r["applied"] for r in fast.summary() if r["family"] != "(all)"}
+    assert applied == {"rms_norm_swiglu": 1, "linear_residual": 1}, applied
