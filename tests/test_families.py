@@ -75,3 +75,24 @@ def test_family_applies_every_fusion_it_finds(family):
     assert not [r for r in rows if r.get("unfused")], [r for r in rows if r.get("unfused")]
     applied = {r["family"] for r in rows if r.get("applied")}
     assert FAMILIES[family][3] <= applied, applied
+
+
+@pytest.mark.parametrize("family, extra", [
+    ("Llama", dict(num_key_value_heads=4)),  # MHA: repeat_kv passes v through unchanged
+    ("GPTJ", {}),
+])
+def test_eager_attention_reading_a_merged_projections_column_block(family, extra):
+    # eager attention's matmul, traced with a contiguous v, views it as (B·H, T, D); a
+    # qkv_merge column block is rows 3·N apart, which no view can merge at batch 2, one
+    # token: the rewrite crashed there (GPT-J on the H200, session 26)
+    config_name, model_name, kwargs, _ = FAMILIES.get(family, ("LlamaConfig", "LlamaForCausalLM", _DECODER, set()))
+    config = getattr(transformers, config_name)(**{**kwargs, **extra})
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(config).eval()
+    refs = {t: model(**_ids(t)).logits for t in (1, 5)}
+    fast = apply(model, ALL_FUSIONS)
+    for t, ref in refs.items():
+        assert max_violation(fast(**_ids(t)).logits, ref, tolerance(torch.float32, model=True)) <= 0
+    applied = {r["family"] for r in fast.summary() if r.get("applied")}
+    assert applied & {"qkv_merge", "rms_norm_linear", "add_rms_norm_linear"}, applied  # column blocks

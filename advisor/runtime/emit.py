@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 
 from advisor.graph.capture import fake, hint, new_node
 from advisor.graph.cse import written_by
-from advisor.graph.match import VIEW_OPS, Match, aten
+from advisor.graph.match import VIEW_OPS, Match, aten, is_getitem, is_op
 
 # kernel id -> (operand names in call order, output names in result order)
 KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -255,9 +255,27 @@ def _slice_columns(graph: fx.Graph, call: fx.Node, outs: list[fx.Node],
         with graph.inserting_after(cursor):
             cursor = new_node(graph, aten.slice.Tensor, (call, 1, start, start + rows))
         out.replace_all_uses_with(cursor)
+        _reshape_where_viewed(cursor)
         replaced[out] = cursor
         start += rows
     return replaced
+
+
+def _reshape_where_viewed(node: fx.Node) -> None:
+    """`node` holds its values in other strides than the graph was traced with (a column
+    block of a merged projection: rows ΣN apart, not N). Views below it that the trace
+    spelled `view` may now fail (GPT-J's or an MHA Llama's eager attention reads v as
+    (B·H, T, D); batch 2 at one token crashed): they become `reshape`, which is the same
+    view where the strides allow one and a copy where they do not."""
+    stack, seen = [node], set()
+    while stack:
+        for user in stack.pop().users:
+            if user in seen or not (is_op(user, *VIEW_OPS) or is_getitem(user)):
+                continue
+            seen.add(user)
+            if is_op(user, aten.view.default, aten._unsafe_view.default):
+                user.target = aten.reshape.default
+            stack.append(user)
 
 
 def _emit_linear_epilogue(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
