@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from advisor.graph.candidates import Costs, candidates, matches_of
 from advisor.graph.capture import capture, clean_path
@@ -544,6 +545,34 @@ def test_spelled_activations_are_recognised_and_fused(spelling):
         fast = apply(model, Plan((family,)))
         torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
         assert {r["family"]: r for r in fast.summary()}[family]["applied"] == 1
+
+
+class _BiasFreeMLP(torch.nn.Module):
+    """MPT's MLP, gelu(x·W_upᵀ)·W_downᵀ with no biases; `gated`: silu(x·W_gᵀ)·(x·W_uᵀ)."""
+
+    def __init__(self, gated=False):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(16, 24, bias=False), torch.nn.Linear(24, 16, bias=False)
+        self.gate = torch.nn.Linear(16, 24, bias=False) if gated else None
+
+    def forward(self, x):
+        if self.gate is None:
+            return self.down(F.gelu(self.up(x)))
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+def test_a_bias_free_projections_activation_goes_into_its_epilogue():
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    torch.manual_seed(0)
+    model, x = _BiasFreeMLP().eval(), torch.randn(2, 5, 16)
+    assert _families(model, (x,)).get("linear_bias_act") == 1
+    fast = apply(model, Plan(("linear_bias_act",)))
+    torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
+    assert {r["family"]: r for r in fast.summary()}["linear_bias_act"]["applied"] == 1
+    # a gate's activation is one factor of act(g)·u: the gated forms take it
+    assert "linear_bias_act" not in _families(_BiasFreeMLP(gated=True).eval(), (x,))
 
 
 @pytest.mark.parametrize("fn", [

@@ -215,12 +215,12 @@ def _sole_viewed_linear(pre: Any, params: dict[str, str]) -> Linear | None:
 
 
 def find_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
-    """act(x·Wᵀ + b) with the activation the linear's only reader, through the one `view`
+    """act(x·Wᵀ (+ b)) with the activation the linear's only reader, through the one `view`
     back to the input's leading dims (or directly, where the input is already (M, K) rows:
     OPT's MLP): one GEMM with the bias and activation in its epilogue (kernels/gemm.py
-    `gemm_epilogue`); the result is viewed back with the same sizes. Bias-free projections
-    are left to the gated forms (act(g)·u: gated_act, gate_up_swiglu), which is what they
-    feed in the models we know."""
+    `gemm_epilogue`); the result is viewed back with the same sizes. A bias-free
+    projection whose activation is one factor of a product is left to the gated forms
+    (act(g)·u: gated_act, gate_up_swiglu); without a product it is MPT's MLP, gelu(x·Wᵀ)."""
     found = []
     for node in gm.graph.nodes:
         act = activation_of(node)
@@ -230,13 +230,23 @@ def find_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
         lin, view = _sole_viewed_linear(pre, params), [pre]
         if lin is None:
             lin, view = linear_at(pre, params), []  # the activation reads the (M, N) GEMM
-        if lin is None or lin.bias is None:
+        if lin is None or (lin.bias is None and _gates(node)):
             continue
         operands = {"x": lin.x2d, "weight": lin.weight, "bias": lin.bias, "activation": name,
                     "out_shape": pre.args[1] if view else None}
         found.append(Match("linear_bias_act", "gemm_epilogue", module_path(node),
                            (lin.node.args[-1], lin.node, *view, *nodes), operands, {"y": node}))
     return found
+
+
+def _gates(act: fx.Node) -> bool:
+    """act's value (through views) is one factor of a product of two tensors: act(g)·u."""
+    for user in act.users:
+        if is_op(user, *VIEW_OPS) and _gates(user):
+            return True
+        if is_op(user, aten.mul.Tensor) and all(isinstance(a, fx.Node) for a in user.args[:2]):
+            return True
+    return False
 
 
 def find_residual_epilogues(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
