@@ -1,5 +1,7 @@
 """Candidate detection on models written differently: what a graph computes, not names."""
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -289,7 +291,37 @@ def _pairs_rope_bhtd(x, freqs):
     return out.flatten(3).type_as(x)
 
 
-_PAIRS = {"gpt-fast": _pairs_rope, "complex": _complex_rope, "bhtd": _pairs_rope_bhtd}
+def _halves(x, freqs, rotate, bthd=False):
+    """RoPE written out on x's halves with half-width tables c, s (T, D/2); x (B, H, T, D),
+    or (B, T, H, D) with tables (1, T, 1, D/2)."""
+    c, s = freqs[..., 0], freqs[..., 1]
+    if bthd:
+        c, s = c[None, :, None], s[None, :, None]
+    return rotate(x, c, s)
+
+
+def _halves_gpt_oss(x, c, s):
+    x1, x2 = torch.chunk(x, 2, dim=-1)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+def _halves_nanochat(x, c, s):  # the rotation the other way (sin negated), −sin as a factor
+    d = x.shape[3] // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    return torch.cat([x1 * c + x2 * s, x1 * (-s) + x2 * c], 3)
+
+
+def _halves_fp32(x, c, s):  # fp32 math, tables first in each product, cast back
+    xf = x.float()
+    x1, x2 = xf[..., :8], xf[..., 8:]
+    return torch.cat((c.float() * x1 - s.float() * x2, s.float() * x1 + c.float() * x2), -1).to(x.dtype)
+
+
+_PAIRS = {"gpt-fast": _pairs_rope, "complex": _complex_rope, "bhtd": _pairs_rope_bhtd,
+          **{f"halves-{n}": functools.partial(_halves, rotate=f) for n, f in (
+              ("gpt-oss", _halves_gpt_oss), ("nanochat", _halves_nanochat), ("fp32", _halves_fp32))},
+          "halves-bthd": functools.partial(_halves, rotate=_halves_gpt_oss, bthd=True)}
+_BHTD = {"bhtd", "halves-gpt-oss", "halves-nanochat", "halves-fp32"}  # rotated after the transpose
 
 
 class _PairsRopeAttention(torch.nn.Module):
@@ -303,11 +335,11 @@ class _PairsRopeAttention(torch.nn.Module):
     def forward(self, x, freqs):  # x (B, T, 32)
         b, t, _ = x.shape
         q, k, v = (w(x).view(b, t, -1, 16) for w in (self.wq, self.wk, self.wv))
-        if self.spelling == "bhtd":
+        if self.spelling in _BHTD:
             q, k, v = (z.transpose(1, 2) for z in (q, k, v))
         rope = _PAIRS[self.spelling]
         q, k = rope(q, freqs), rope(k, freqs)
-        if self.spelling != "bhtd":
+        if self.spelling not in _BHTD:
             q, k, v = (z.transpose(1, 2) for z in (q, k, v))
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
@@ -333,6 +365,36 @@ def test_rope_on_re_im_pairs_is_one_rope_site(spelling, dtype, family):
         assert max_violation(fast(x, freqs), ref, tolerance(dtype, model=True)) <= 0
     rows = {r["family"]: r for r in fast.summary()}
     assert rows[family]["applied"] == 1 and rows["(all)"]["compiles"] == 1, rows
+
+
+@pytest.mark.parametrize("rotate", [
+    lambda x1, x2, c, s: (x1 * c - x2 * s, x2 * c - x1 * s),  # both terms subtract
+    lambda x1, x2, c, s: (x1 * c - x2 * s, x1 * c + x2 * s),  # the second half from x1's cos
+    lambda x1, x2, c, s: (x2 * c - x1 * s, x1 * c + x2 * s),  # halves swapped
+    lambda x1, x2, c, s: (x1 * c - x2 * s, x2 * s + x1 * c),  # sin on the wrong half
+    lambda x1, x2, c, s: (x1 * c - x2 * s, x2 * (c + 0.5) + x1 * s),  # another cos table
+], ids=["signs", "x1-twice", "swapped", "wrong-sin", "other-cos"])
+def test_wrong_rotations_of_halves_are_not_ropes(rotate):
+    def f(q, k, c, s):
+        def rope(x):
+            x1, x2 = x.chunk(2, -1)
+            return torch.cat(rotate(x1, x2, c, s), -1)
+        return rope(q), rope(k)
+    q, k, c, s = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16), torch.randn(5, 8), torch.randn(5, 8)
+    assert "rope" not in _families(_Fn(f), (q, k, c, s))
+    right = _families(_Fn(lambda q, k, c, s: tuple(
+        torch.cat((x[..., :8] * c - x[..., 8:] * s, x[..., 8:] * c + x[..., :8] * s), -1) for x in (q, k))),
+        (q, k, c, s))
+    assert right.get("rope") == 1, right  # the same harness finds the true rotation
+
+
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
 
 
 class _GPTJRope(torch.nn.Module):

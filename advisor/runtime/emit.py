@@ -193,7 +193,11 @@ def _emit_prepared_rope(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node,
             table = after(after(table, aten.view_as_real.default), aten.select.int, -1, i)
         if fake(table).dim() == 4 and (pairs or seq_dim == 1):  # (1|B, T, 1, ·) or (1|B, 1, T, ·)
             table = after(table, aten.squeeze.dim, 3 - seq_dim)  # -> (1|B, T, ·)
-        if pairs:
+        if pairs in ("halves", "halves_neg"):  # (…, R/2) -> [t, t]; a rotation the other way: -sin
+            if name == "sin" and pairs == "halves_neg":
+                table = after(table, aten.neg.default)
+            table = after(table, aten.repeat.default, [1] * (fake(table).dim() - 1) + [2])
+        elif pairs:  # one value per (re, im) pair -> each repeated twice
             table = after(table, aten.repeat_interleave.self_int, 2, -1)
         ops[name] = table
     transpose = None

@@ -288,7 +288,7 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
                         **{n: rm.operands[n] for n in ("pairs", "seq_dim") if n in rm.operands}}
             found.append(Match("attention_rope", "attention", module_path(node),
                                (*rm.nodes, *q_copies, *k_copies, *base), operands, {"y": y},
-                               tuple(mask_nodes)))
+                               (*rm.shared, *mask_nodes)))
         operands = {**common, "q": a["query"], "k": k, "cos": None, "sin": None}
         found.append(Match("attention", "attention", module_path(node), base, operands, {"y": y},
                            tuple(mask_nodes)))

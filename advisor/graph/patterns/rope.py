@@ -4,8 +4,10 @@ cos/sin tables themselves (`find_tables`: cos and sin of positions ⊗ inverse f
 rotate_half(x) = cat(-x[..., R/2:], x[..., :R/2]) is matched whether the halves come from
 slicing or from `chunk`/`split`; the two products may be written in either order. The
 interleaved convention (GPT-J, Cohere) rotates pairs: stack((-x[..., 1::2], x[..., ::2]),
--1) viewed back to x's shape. q and k rotated with the same cos/sin in one module make one
-`rope_qk` site.
+-1) viewed back to x's shape. Also matched: the rotation written out on x's halves with
+half-width tables (`_halves_rope_at`: GPT-OSS, NanoChat), on (re, im) pairs (gpt-fast) and as
+a complex product (Meta's reference). q and k rotated with the same cos/sin in one module
+make one `rope_qk` site.
 """
 
 from __future__ import annotations
@@ -277,6 +279,90 @@ def _complex_rope_at(real: fx.Node) -> Match | None:
     return None
 
 
+def _signed_products(node: Any) -> list[tuple[int, fx.Node, list[fx.Node]]] | None:
+    """node = ±(a·b) ± (c·d) (add, sub, a neg on a product or on one factor) as
+    [(sign, product, the negs)]."""
+    if not is_op(node, aten.add.Tensor, aten.sub.Tensor) or node.kwargs or len(node.args) != 2:
+        return None
+    terms = []
+    for sign, term in zip((1, -1 if node.target is aten.sub.Tensor else 1), node.args):
+        negs = []
+        if is_op(term, aten.neg.default):
+            sign, negs, term = -sign, [term], term.args[0]
+        if not is_op(term, aten.mul.Tensor) or len(term.args) != 2:
+            return None
+        terms.append((sign, term, negs))
+    return terms
+
+
+def _half_term(sign: int, mul: fx.Node,
+               negs: list[fx.Node]) -> tuple[Any, int, int, Any, list[fx.Node]] | None:
+    """(x, start, sign, table, nodes) for sign·(x[..., start:start + R/2] · ±table)."""
+    for half, table in (mul.args, mul.args[::-1]):
+        found = _half_of(half)
+        if found is None:
+            continue
+        if is_op(table, aten.neg.default):  # x1 · (−sin): the site's, shared (`_halves_rope_at`)
+            sign, negs, table = -sign, [*negs, table], table.args[0]
+        views = [half.args[0], half] if is_getitem(half) else [half]
+        return found[0], found[1], sign, table, [*views, *negs, mul]
+    return None
+
+
+def _halves_rope_at(cat: fx.Node) -> Match | None:
+    """RoPE written out on the two halves of x (R = 2h): cat(x1·c − x2·s, x2·c + x1·s), x1 =
+    x[..., :h], x2 = x[..., h:], with half-width tables (GPT-OSS; a rotation the other way,
+    x1·c + x2·s and x2·c − x1·s, is NanoChat's: sin negated). Sums and products in either
+    order. The kernels take full-width tables: the emitter repeats each (`pairs`: "halves",
+    "halves_neg")."""
+    parts, dim = cat.args[0], cat.args[1] if len(cat.args) > 1 else 0
+    tcat = fake(cat)
+    if tcat is None or len(parts) != 2 or dim not in (-1, tcat.dim() - 1):
+        return None
+    sums = [_signed_products(p) for p in parts]
+    if sums[0] is None or sums[1] is None:
+        return None
+    terms = [[_half_term(*t) for t in terms] for terms in sums]
+    if any(t is None for ts in terms for t in ts):
+        return None
+    xin = terms[0][0][0]
+    tin = fake(xin)
+    if tin is None or any(t[0] is not xin for ts in terms for t in ts):
+        return None
+    h = int(tin.shape[-1]) // 2
+    if 2 * h != int(tin.shape[-1]):
+        return None
+    by_half = [{t[1]: t for t in ts} for ts in terms]  # per output half: x's half start -> term
+    if any(set(b) != {0, h} for b in by_half):
+        return None
+    (c1, c2), (s1, s2) = (by_half[0][0], by_half[1][h]), (by_half[0][h], by_half[1][0])
+    if c1[3] is not c2[3] or s1[3] is not s2[3] or c1[2] != 1 or c2[2] != 1 or s1[2] != -s2[2]:
+        return None
+    cos, sin, negated = c1[3], s1[3], s2[2] < 0
+    x = strip_casts(xin)
+    y, back = cast_back(cat, x) if x is not xin else (cat, [])
+    tx, ty, tc, ts = fake(x), fake(y), fake(cos), fake(sin)
+    if tx is None or ty is None or tc is None or ts is None or ty.dtype != tx.dtype:
+        return None  # the kernel writes x's dtype
+    if not (_eq(tc.shape[-1], h) and _eq(ts.shape[-1], h)):
+        return None
+    seq_dim = _table_layout(tx, tc)
+    if seq_dim is None:
+        return None
+    nodes = [*([xin] if x is not xin else []), *[n for ts_ in terms for t in ts_ for n in t[4]],
+             *parts, cat, *back]
+    x, y, views = _partial(x, y)
+    if views:
+        nodes = [*views, *nodes, y]
+    operands = {"x": x, "cos": cos, "sin": sin, "interleaved": False,
+                "pairs": "halves_neg" if negated else "halves", "seq_dim": seq_dim}
+    # −sin is computed once for every layer after CSE: checked with the site (the reference
+    # reads it), left in the graph while another site reads it (the emitter negates sin)
+    shared = tuple(n for n in nodes if is_op(n, aten.neg.default) and n.args[0] in (cos, sin))
+    return Match("rope", "rope_qk", module_path(cat), tuple(dict.fromkeys(nodes)), operands, {"y": y},
+                 shared)
+
+
 def _rope_at(node: fx.Node) -> Match | None:
     """The RoPE of x whose rotation ends at `node` (rotate_half's cat, interleaved RoPE's
     stack, the stack of (re, im) pairs, or view_as_real of a complex product)."""
@@ -284,6 +370,8 @@ def _rope_at(node: fx.Node) -> Match | None:
         return _complex_rope_at(node)
     if is_op(node, aten.stack.default) and (pairs := _pairs_rope_at(node)) is not None:
         return pairs
+    if is_op(node, aten.cat.default) and (halves := _halves_rope_at(node)) is not None:
+        return halves
     if is_op(node, aten.cat.default):
         found, interleaved = _rotate_half(node), False
         rot = node
@@ -384,8 +472,9 @@ def find(gm: fx.GraphModule) -> list[Match]:
                         "interleaved": interleaved}
             if pairs or seq_dim != 2:  # read by the emitter, which makes the kernel's operands
                 operands.update(pairs=pairs, seq_dim=seq_dim)
-            found.append(Match("rope", "rope_qk", module, (*q.nodes, *k.nodes), operands,
-                               {"q": q.outputs["y"], "k": k.outputs["y"]}))
+            found.append(Match("rope", "rope_qk", module, tuple(dict.fromkeys((*q.nodes, *k.nodes))),
+                               operands, {"q": q.outputs["y"], "k": k.outputs["y"]},
+                               tuple(dict.fromkeys((*q.shared, *k.shared)))))
     return found
 
 
