@@ -68,6 +68,18 @@ def test_add_rms_norm(shape, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
+def test_rms_norms_without_a_weight(shape, dtype):  # F.rms_norm(x, (N,)): no scale at all
+    x, r, _, _ = _xrwb(shape, dtype)
+    want = torch.nn.functional.rms_norm(x.double(), (x.shape[-1],), eps=EPS).to(dtype)
+    out = nan_filled(x.shape, dtype, x.device)
+    assert norm.launch_rms_norm(x, None, EPS, out=out) is out
+    assert_close(out, want)
+    y, h = norm.launch_add_rms_norm(x, r, None, EPS)
+    _check_add(y, h, x, r, lambda h: norm.rms_norm_reference(h, None, EPS))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
 def test_layer_norm(shape, dtype):
     x, _, w, b = _xrwb(shape, dtype)
     out = nan_filled(x.shape, dtype, x.device)

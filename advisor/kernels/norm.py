@@ -68,10 +68,11 @@ MAX_BLOCK_N = 32768  # widest row one program holds in registers; wider rows use
 
 
 def rms_norm_reference(x, weight, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
-    """y = x·rsqrt(mean(x²)+eps)·(weight_offset + weight), in fp32, cast to x.dtype."""
+    """y = x·rsqrt(mean(x²)+eps)·(weight_offset + weight), in fp32, cast to x.dtype; no
+    scale without a weight (`F.rms_norm(x, (N,))`)."""
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * (weight_offset + weight.float())).to(x.dtype)
+    return (y if weight is None else y * (weight_offset + weight.float())).to(x.dtype)
 
 
 def add_rms_norm_reference(x, residual, weight, eps: float, weight_offset: float = 0.0):
@@ -326,15 +327,14 @@ def _norm(x, residual, weight, bias, eps, weight_offset, is_rms, config, out, re
 
 def launch_rms_norm(x, weight, eps, weight_offset=0.0, config: Mapping[str, int] | None = None,
                     *, out=None):
-    """RMSNorm of x (..., N) with weight (N,); returns y like x."""
-    check(weight is not None, "weight: required for rms_norm")
+    """RMSNorm of x (..., N) with weight (N,) or none; returns y like x."""
     return _norm(x, None, weight, None, eps, weight_offset, True, config, out, None)[0]
 
 
 def launch_add_rms_norm(x, residual, weight, eps, weight_offset=0.0,
                         config: Mapping[str, int] | None = None, *, out=None, residual_out=None):
     """h = x + residual (x.dtype); returns (rms_norm(h), h)."""
-    check(residual is not None and weight is not None, "residual, weight: required")
+    check(residual is not None, "residual: required")
     y, h, _ = _norm(x, residual, weight, None, eps, weight_offset, True, config, out,
                     residual_out)
     return y, h
@@ -390,7 +390,7 @@ def _use_triton(x: torch.Tensor) -> bool:
 
 @torch.library.custom_op(
     "advisor::rms_norm", mutates_args=(),
-    schema="(Tensor x, Tensor weight, float eps, float weight_offset, str config) -> Tensor")
+    schema="(Tensor x, Tensor? weight, float eps, float weight_offset, str config) -> Tensor")
 def rms_norm(x, weight, eps, weight_offset, config):
     if _use_triton(x):
         return launch_rms_norm(x, weight, eps, weight_offset, decode(config))
@@ -399,7 +399,7 @@ def rms_norm(x, weight, eps, weight_offset, config):
 
 @torch.library.custom_op(
     "advisor::add_rms_norm", mutates_args=(),
-    schema="(Tensor x, Tensor residual, Tensor weight, float eps, float weight_offset, "
+    schema="(Tensor x, Tensor residual, Tensor? weight, float eps, float weight_offset, "
            "str config) -> (Tensor, Tensor)")
 def add_rms_norm(x, residual, weight, eps, weight_offset, config):
     if _use_triton(x):

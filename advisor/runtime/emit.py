@@ -152,8 +152,7 @@ def _emit_kernel(graph: fx.Graph, m: Match, config: str,
     after each) read where the match's outputs were."""
     names, results = KERNEL_ARGS[m.kernel]
     args = [m.operands.get(n) for n in names]
-    if any(a is None for a, n in zip(args, names) if n not in OPTIONAL_OPERANDS) or (
-        m.kernel == "rms_norm" or m.kernel == "add_rms_norm") and m.operands.get("weight") is None:
+    if any(a is None for a, n in zip(args, names) if n not in OPTIONAL_OPERANDS):
         raise EmitError("an operand of the fused op is missing")
     op = getattr(torch.ops.advisor, m.kernel).default
     after = _insert_point(graph, m, args)

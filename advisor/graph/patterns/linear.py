@@ -164,7 +164,11 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
             add = m.outputs["residual"]
             nodes = tuple(n for n in nodes if n is not add)
             operands["x"] = add
-        found.append(Match(f"{m.family}_linear", kernel, m.module, nodes, operands, outputs))
+        # a weightless RMSNorm's projections: analysis only, a family of their own (one
+        # family's sites share a kernel; rmsnorm_linear scales by a weight)
+        family = m.family if m.operands.get("weight") is not None or "rms" not in m.family \
+            else f"{m.family}_no_weight"
+        found.append(Match(f"{family}_linear", kernel, m.module, nodes, operands, outputs))
     return found
 
 

@@ -140,13 +140,14 @@ def _rms_at(inv: fx.Node, params: dict[str, str]) -> Match | None:
     x = strip_casts(xf)
     casts = [n for n in (xf, normed.args[0]) if is_op(n, *CAST_OPS)]
     y, weight, offset, tail = _weight(normed, int(t.shape[-1]), params)
-    y, back = cast_back(y, x) if weight is not None else (y, [])
+    y, back = cast_back(y, x)
     nodes = tuple(dict.fromkeys([*casts, *core, inv, normed, *tail, *back]))
     operands = {"x": x, "weight": weight, "eps": eps, "weight_offset": offset}
-    if weight is None:
-        # No weight multiply right after it (none at all, or one behind a reshape: Bamba's
-        # grouped norm): our kernels scale by a weight, so such a site is analysis only,
-        # a family of its own (one family's sites share a kernel and a config space)
+    ty, tx = fake(y), fake(x)
+    if weight is None and (ty is None or tx is None or ty.dtype != tx.dtype):
+        # no weight multiply after it (none at all — `F.rms_norm(x, (D,))`, NanoChat — or one
+        # behind a reshape: Bamba's grouped norm) and a result in another dtype than x: the
+        # kernel writes x's dtype, so analysis only, a family of its own
         return Match("rms_norm_no_weight", None, module_path(inv), nodes, operands, {"y": y})
     return Match("rms_norm", "rms_norm", module_path(inv), nodes, operands, {"y": y})
 
