@@ -6,8 +6,11 @@ per-pair tables among them).
 
 Models: tiny `transformers` Phi-3 (eval dropout's clones, partial-rotary cat with nothing
 passed), StableLM and GPT-NeoX (partial rotary), GPT-J (interleaved partial RoPE on
-(B, T, H, D), tables made per call), Llama (the reference); two hand-written
-decoders whose RoPE is gpt-fast's (re, im) pairs and Meta's complex product.
+(B, T, H, D), tables made per call), Llama (the reference) and an MHA Llama with eager
+attention (views of v over a merged projection's column block); hand-written decoders
+whose RoPE is gpt-fast's (re, im) pairs, Meta's complex product, GPT-OSS's halves, or
+NanoChat's halves the other way with weightless `F.rms_norm`, and one whose projections
+are einsums (session 26).
 
     python benchmarks/check_spellings.py [model ...]   # writes spellings-check.json under $OUT
 """
@@ -37,7 +40,9 @@ HF = {
     "GPTJ": ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=256, n_layer=2, n_head=4, vocab_size=512,
                                                    n_positions=1024, rotary_dim=32)),
     "Llama": ("LlamaConfig", "LlamaForCausalLM", _DECODER),
+    "LlamaMHAEager": ("LlamaConfig", "LlamaForCausalLM", dict(_DECODER, num_key_value_heads=4)),
 }
+EAGER = {"LlamaMHAEager"}  # eager attention: views of v that a merged projection's block breaks
 
 
 def _hf(name: str) -> torch.nn.Module:
@@ -47,7 +52,7 @@ def _hf(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
     try:
         config = getattr(transformers, cfg_name)(**kwargs)
-        config._attn_implementation = "sdpa"
+        config._attn_implementation = "eager" if name in EAGER else "sdpa"
         model = getattr(transformers, model_name)(config).eval()
     except ValueError:  # a family without SDPA in this transformers (GPT-J in 4.x): its default
         torch.manual_seed(0)
@@ -74,6 +79,24 @@ def complex_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(xc * freqs.view(1, xc.shape[1], 1, xc.shape[-1])).flatten(3).type_as(x)
 
 
+def halves_rope(x: torch.Tensor, freqs: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
+    """GPT-OSS: the rotation written out on x's halves, half-width tables (1, T, 1, D/2);
+    sign -1: NanoChat's rotation the other way, −sin as a factor."""
+    c, s = (freqs[..., i].view(1, x.shape[1], 1, -1) for i in (0, 1))
+    x1, x2 = x.chunk(2, -1)
+    if sign > 0:
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)
+    return torch.cat((x1 * c + x2 * s, x1 * (-s) + x2 * c), -1)
+
+
+class _WeightlessNorm(torch.nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.size(-1),))
+
+
 class _Norm(torch.nn.Module):
     def __init__(self, d: int):
         super().__init__()
@@ -84,34 +107,41 @@ class _Norm(torch.nn.Module):
         return (xf * torch.rsqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + 1e-5)).type_as(x) * self.weight
 
 
+def _project(x: torch.Tensor, lin: torch.nn.Linear, einsum: bool) -> torch.Tensor:
+    return torch.einsum("btk,nk->btn", x, lin.weight) if einsum else lin(x)
+
+
 class _Block(torch.nn.Module):
-    def __init__(self, rope, d=256, h=4, kv=2, ff=512):
+    def __init__(self, rope, d=256, h=4, kv=2, ff=512, norm=None, einsum=False):
         super().__init__()
-        self.rope, self.h, self.kv, self.hd = rope, h, kv, d // h
+        norm = norm or _Norm
+        self.rope, self.h, self.kv, self.hd, self.einsum = rope, h, kv, d // h, einsum
         self.wqkv = torch.nn.Linear(d, (h + 2 * kv) * self.hd, bias=False)
         self.wo = torch.nn.Linear(d, d, bias=False)
         self.w1, self.w3 = torch.nn.Linear(d, ff, bias=False), torch.nn.Linear(d, ff, bias=False)
         self.w2 = torch.nn.Linear(ff, d, bias=False)
-        self.n1, self.n2 = _Norm(d), _Norm(d)
+        self.n1, self.n2 = norm(d), norm(d)
 
     def forward(self, x, freqs):
         b, t, _ = x.shape
-        q, k, v = self.wqkv(self.n1(x)).split([self.h * self.hd, self.kv * self.hd, self.kv * self.hd], -1)
+        e = self.einsum
+        q, k, v = _project(self.n1(x), self.wqkv, e).split(
+            [self.h * self.hd, self.kv * self.hd, self.kv * self.hd], -1)
         q, k, v = q.view(b, t, self.h, self.hd), k.view(b, t, self.kv, self.hd), v.view(b, t, self.kv, self.hd)
         q, k = self.rope(q, freqs), self.rope(k, freqs)
         y = F.scaled_dot_product_attention(*(z.transpose(1, 2) for z in (q, k, v)), is_causal=True,
                                            enable_gqa=True)
-        h = x + self.wo(y.transpose(1, 2).contiguous().view(b, t, -1))
+        h = x + _project(y.transpose(1, 2).contiguous().view(b, t, -1), self.wo, e)
         n = self.n2(h)
-        return h + self.w2(F.silu(self.w1(n)) * self.w3(n))
+        return h + _project(F.silu(_project(n, self.w1, e)) * _project(n, self.w3, e), self.w2, e)
 
 
 class HandWritten(torch.nn.Module):
-    def __init__(self, rope, vocab=512, d=256):
+    def __init__(self, rope, vocab=512, d=256, norm=None, einsum=False):
         super().__init__()
         self.emb = torch.nn.Embedding(vocab, d)
-        self.blocks = torch.nn.ModuleList([_Block(rope), _Block(rope)])
-        self.norm, self.out = _Norm(d), torch.nn.Linear(d, vocab, bias=False)
+        self.blocks = torch.nn.ModuleList([_Block(rope, norm=norm, einsum=einsum) for _ in range(2)])
+        self.norm, self.out = (norm or _Norm)(d), torch.nn.Linear(d, vocab, bias=False)
 
     def forward(self, input_ids, freqs):
         x = self.emb(input_ids)
@@ -128,9 +158,20 @@ def _freqs(t: int, complex_table: bool, dtype: torch.dtype, dev: torch.device) -
     return torch.stack([ang.cos(), ang.sin()], -1).to(dtype)
 
 
+# hand-written decoders: name -> HandWritten's arguments (session 26: halves RoPE, weightless
+# F.rms_norm, einsum projections)
+HAND = {
+    "gpt-fast": dict(rope=pairs_rope),
+    "meta-complex": dict(rope=complex_rope),
+    "gpt-oss-halves": dict(rope=halves_rope),
+    "nanochat": dict(rope=lambda x, f: halves_rope(x, f, -1.0), norm=_WeightlessNorm),
+    "einsum": dict(rope=pairs_rope, einsum=True),
+}
+
+
 def check(name: str, dtype: torch.dtype, dev: torch.device) -> dict:
-    hand = {"gpt-fast": pairs_rope, "meta-complex": complex_rope}
-    model = (HandWritten(hand[name]) if name in hand else _hf(name)).to(dev, dtype).eval()
+    hand = HAND
+    model = (HandWritten(**hand[name]) if name in hand else _hf(name)).to(dev, dtype).eval()
     fast = apply(model, ALL_FUSIONS)
     worst = -float("inf")
     for t in (1, 17, 64):
@@ -157,7 +198,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: TRITON_INTERPRET=1
     results = []
-    for name in sys.argv[1:] or (*HF, "gpt-fast", "meta-complex"):
+    for name in sys.argv[1:] or (*HF, *HAND):
         for dtype in (torch.bfloat16, torch.float32):
             try:
                 row = check(name, dtype, dev)
