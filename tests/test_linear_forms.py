@@ -64,6 +64,18 @@ def test_outputs_in_another_order_keep_their_permute(spec):
     assert _rewritten(lambda x, w: torch.einsum(spec, x, w), X, W) == (1, 1)
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x, w: torch.einsum("btk,nk->btn", x, w)[:, :-1].reshape(-1, 6),  # next-token logits
+    lambda x, w: torch.einsum("btk,nk->btn", x, w)[:, :1].reshape(-1),
+    lambda x, w: torch.einsum("btk,nk->btn", x, w)[0].reshape(-1),
+])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_reshape_of_part_of_the_product_keeps_reading_that_part(fn, batch):
+    # a slice from the start is contiguous at offset 0 too: the reshape after it must not
+    # be re-pointed at the whole product (review, session 26)
+    assert _rewritten(fn, X[:batch], W) == (1, 1)
+
+
 def test_batched_products_of_activations_are_not_linears():
     q, k = torch.randn(2, 5, 8), torch.randn(2, 6, 8)
     gm = make_fx(lambda q, k: torch.einsum("btk,bsk->bts", q, k), tracing_mode="fake")(q, k)

@@ -317,11 +317,18 @@ def _halves_fp32(x, c, s):  # fp32 math, tables first in each product, cast back
     return torch.cat((c.float() * x1 - s.float() * x2, s.float() * x1 + c.float() * x2), -1).to(x.dtype)
 
 
+def _halves_fp32_tables(x, c, s):  # fp32 tables promote x's halves; cast back at the end
+    x1, x2 = x.chunk(2, -1)
+    c, s = c.float(), s.float()
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1).to(x.dtype)
+
+
 _PAIRS = {"gpt-fast": _pairs_rope, "complex": _complex_rope, "bhtd": _pairs_rope_bhtd,
           **{f"halves-{n}": functools.partial(_halves, rotate=f) for n, f in (
-              ("gpt-oss", _halves_gpt_oss), ("nanochat", _halves_nanochat), ("fp32", _halves_fp32))},
+              ("gpt-oss", _halves_gpt_oss), ("nanochat", _halves_nanochat), ("fp32", _halves_fp32),
+              ("fp32-tables", _halves_fp32_tables))},
           "halves-bthd": functools.partial(_halves, rotate=_halves_gpt_oss, bthd=True)}
-_BHTD = {"bhtd", "halves-gpt-oss", "halves-nanochat", "halves-fp32"}  # rotated after the transpose
+_BHTD = {"bhtd", "halves-gpt-oss", "halves-nanochat", "halves-fp32", "halves-fp32-tables"}  # rotated after the transpose
 
 
 class _PairsRopeAttention(torch.nn.Module):
@@ -373,7 +380,8 @@ def test_rope_on_re_im_pairs_is_one_rope_site(spelling, dtype, family):
     lambda x1, x2, c, s: (x2 * c - x1 * s, x1 * c + x2 * s),  # halves swapped
     lambda x1, x2, c, s: (x1 * c - x2 * s, x2 * s + x1 * c),  # sin on the wrong half
     lambda x1, x2, c, s: (x1 * c - x2 * s, x2 * (c + 0.5) + x1 * s),  # another cos table
-], ids=["signs", "x1-twice", "swapped", "wrong-sin", "other-cos"])
+    lambda x1, x2, c, s: (x1 * c - x2[..., :1] * s, x2 * c + x1[..., :1] * s),  # a column broadcast
+], ids=["signs", "x1-twice", "swapped", "wrong-sin", "other-cos", "narrow"])
 def test_wrong_rotations_of_halves_are_not_ropes(rotate):
     def f(q, k, c, s):
         def rope(x):

@@ -104,7 +104,10 @@ def _reshaped_reader(out: fx.Node) -> fx.Node | None:
         t = fake(node)
         if not is_op(node, *VIEW_OPS) or t is None:
             break
-        if is_op(node, *_RESHAPES) and t.is_contiguous() and _known(t.storage_offset() == 0):
+        # all of out's elements, in row order: a slice from the start passes the layout
+        # test but holds fewer (next-token logits: einsum(...)[:, :-1].reshape(-1, V))
+        if (is_op(node, *_RESHAPES) and t.is_contiguous() and _known(t.storage_offset() == 0)
+                and _known(t.numel() == fake(out).numel())):
             last = node
     return last
 

@@ -296,8 +296,8 @@ def _signed_products(node: Any) -> list[tuple[int, fx.Node, list[fx.Node]]] | No
 
 
 def _half_term(sign: int, mul: fx.Node,
-               negs: list[fx.Node]) -> tuple[Any, int, int, Any, list[fx.Node]] | None:
-    """(x, start, sign, table, nodes) for sign·(x[..., start:start + R/2] · ±table)."""
+               negs: list[fx.Node]) -> tuple[Any, int, int, Any, list[fx.Node], int] | None:
+    """(x, start, sign, table, nodes, width) for sign·(x[..., start:start + width] · ±table)."""
     for half, table in (mul.args, mul.args[::-1]):
         found = _half_of(half)
         if found is None:
@@ -305,7 +305,7 @@ def _half_term(sign: int, mul: fx.Node,
         if is_op(table, aten.neg.default):  # x1 · (−sin): the site's, shared (`_halves_rope_at`)
             sign, negs, table = -sign, [*negs, table], table.args[0]
         views = [half.args[0], half] if is_getitem(half) else [half]
-        return found[0], found[1], sign, table, [*views, *negs, mul]
+        return found[0], found[1], sign, table, [*views, *negs, mul], found[2] - found[1]
     return None
 
 
@@ -333,14 +333,15 @@ def _halves_rope_at(cat: fx.Node) -> Match | None:
     if 2 * h != int(tin.shape[-1]):
         return None
     by_half = [{t[1]: t for t in ts} for ts in terms]  # per output half: x's half start -> term
-    if any(set(b) != {0, h} for b in by_half):
-        return None
+    if any(set(b) != {0, h} for b in by_half) or any(t[5] != h for ts in terms for t in ts):
+        return None  # each factor is a whole half (a narrower slice would broadcast)
     (c1, c2), (s1, s2) = (by_half[0][0], by_half[1][h]), (by_half[0][h], by_half[1][0])
     if c1[3] is not c2[3] or s1[3] is not s2[3] or c1[2] != 1 or c2[2] != 1 or s1[2] != -s2[2]:
         return None
     cos, sin, negated = c1[3], s1[3], s2[2] < 0
     x = strip_casts(xin)
-    y, back = cast_back(cat, x) if x is not xin else (cat, [])
+    # fp32 math cast back: x.float()'s halves, or x's halves promoted by fp32 tables
+    y, back = cast_back(cat, x)
     tx, ty, tc, ts = fake(x), fake(y), fake(cos), fake(sin)
     if tx is None or ty is None or tc is None or ts is None or ty.dtype != tx.dtype:
         return None  # the kernel writes x's dtype
