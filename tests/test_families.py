@@ -36,6 +36,9 @@ FAMILIES = {
     # GPT-J: interleaved partial RoPE on (B, T, H, D), its sin/cos repeated inside the
     # function called for q and for k (merged before matching), dynamic full slices
     "GPTJ": ("GPTJConfig", "GPTJForCausalLM", dict(_GPT, rotary_dim=8), {"rope", "linear_bias_act"}),
+    # DiffLlama: v is cat(chunk(v, 2, heads), -1).repeat(1, 2, 1, 1), twice k's head dim: its
+    # attention is no site of ours (it was found, then refused with a misleading reason)
+    "DiffLlama": ("DiffLlamaConfig", "DiffLlamaForCausalLM", _DECODER, {"rope", "linear_residual"}),
     "GPT2": ("GPT2Config", "GPT2LMHeadModel", _GPT, {"bias_act", "add_layer_norm"}),
     "OPT": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=64, ffn_dim=96, num_hidden_layers=2,
                                                  num_attention_heads=4, vocab_size=128,

@@ -270,6 +270,10 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
             continue
         k, k_chain = unrepeat_kv(a["key"])
         v, v_chain = unrepeat_kv(a["value"])
+        if not _same_shape(k, v):  # one repeated and the other not (DiffLlama's v): both as read
+            (k, k_chain), (v, v_chain) = (a["key"], []), (a["value"], [])
+        if not _same_shape(k, v):  # v's head dim is not k's: not a kernel of ours
+            continue
         scale = a.get("scale") or 1.0 / math.sqrt(int(tq.shape[-1]))
         base = (*mask_nodes, *k_chain, *v_chain, node, *items)
         common = {"v": v, "mask": mask, "causal": bool(a.get("is_causal", False)),
@@ -293,6 +297,12 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         found.append(Match("attention", "attention", module_path(node), base, operands, {"y": y},
                            tuple(mask_nodes)))
     return found
+
+
+def _same_shape(a: Any, b: Any) -> bool:
+    ta, tb = fake(a), fake(b)
+    return ta is not None and tb is not None and ta.dim() == tb.dim() and all(
+        statically_known_true(x == y) for x, y in zip(ta.shape, tb.shape))
 
 
 def _swaps_dims_1_2(node: Any) -> bool:
