@@ -585,6 +585,10 @@ SPELLINGS = {  # id: (the activation it computes, a spelling of it)
     "relu_clamp": ("relu", lambda x: torch.clamp_min(x, 0.0)),
     "relu_where": ("relu", lambda x: torch.where(x > 0, x, 0.0)),
     "quick_gelu": ("quick_gelu", lambda x: x * torch.sigmoid(1.702 * x)),  # CLIP
+    # NanoChat, modded-nanogpt: matched at the square, not at the relu inside it
+    "relu2_square": ("relu2", lambda x: F.relu(x).square()),
+    "relu2_pow": ("relu2", lambda x: torch.relu(x).pow(2)),
+    "relu2_mul": ("relu2", lambda x: F.relu(x) * F.relu(x)),
 }
 
 
@@ -620,23 +624,25 @@ def test_spelled_activations_are_recognised_and_fused(spelling):
 class _BiasFreeMLP(torch.nn.Module):
     """MPT's MLP, gelu(x·W_upᵀ)·W_downᵀ with no biases; `gated`: silu(x·W_gᵀ)·(x·W_uᵀ)."""
 
-    def __init__(self, gated=False):
+    def __init__(self, gated=False, act=F.gelu):
         super().__init__()
         self.up, self.down = torch.nn.Linear(16, 24, bias=False), torch.nn.Linear(24, 16, bias=False)
         self.gate = torch.nn.Linear(16, 24, bias=False) if gated else None
+        self.act = act
 
     def forward(self, x):
         if self.gate is None:
-            return self.down(F.gelu(self.up(x)))
+            return self.down(self.act(self.up(x)))
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
-def test_a_bias_free_projections_activation_goes_into_its_epilogue():
+@pytest.mark.parametrize("act", [F.gelu, lambda h: F.relu(h).square()], ids=["gelu", "relu2"])
+def test_a_bias_free_projections_activation_goes_into_its_epilogue(act):
     from advisor.runtime.apply import apply
     from advisor.runtime.plan import Plan
 
     torch.manual_seed(0)
-    model, x = _BiasFreeMLP().eval(), torch.randn(2, 5, 16)
+    model, x = _BiasFreeMLP(act=act).eval(), torch.randn(2, 5, 16)
     assert _families(model, (x,)).get("linear_bias_act") == 1
     fast = apply(model, Plan(("linear_bias_act",)))
     torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)

@@ -11,7 +11,7 @@ The MLP of Llama/Mistral/Qwen computes `down(act(gate(x)) * up(x))`. Eager torch
 `gate_up_proj`, vLLM's `MergedColumnParallelLinear`) with the same kernels: the halves are
 strided views, so `torch.chunk` costs no copy.
 
-The activation math (`silu`, `gelu_erf`, `gelu_tanh`, `relu`, `apply_activation`) and its
+The activation math (`silu`, `gelu_erf`, `gelu_tanh`, `relu`, `relu2`, `apply_activation`) and its
 torch twin `activation_ref` live here once; `bias_act` imports them, and so does the shared
 2-D elementwise config space `TILE_SPACE` and tiling (`tile_index`, `tile_mask`, `grid_of`,
 `even_of`).
@@ -65,7 +65,8 @@ from advisor.kernels.space import Config, ConfigSpace, Problem, decode
 from advisor.kernels.testing import randn_nonzero
 
 # Activation name -> constexpr code of `apply_activation` (and index used by make_inputs).
-ACTIVATIONS: dict[str, int] = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "quick_gelu": 4}
+ACTIVATIONS: dict[str, int] = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "quick_gelu": 4,
+                               "relu2": 5}  # relu(x)²: NanoChat's and modded-nanogpt's MLP
 QUICK_GELU = 1.702  # x·sigmoid(1.702·x): CLIP's and some GPT-style MLPs' GELU approximation
 
 
@@ -81,6 +82,8 @@ def activation_ref(name: str, x: torch.Tensor) -> torch.Tensor:
         return F.relu(x)
     if name == "quick_gelu":
         return x * torch.sigmoid(QUICK_GELU * x)
+    if name == "relu2":
+        return F.relu(x).square()
     raise ValueError(f"unknown activation {name!r}; known: {sorted(ACTIVATIONS)}")
 
 
@@ -125,6 +128,12 @@ def quick_gelu(x):
 
 
 @triton.jit
+def relu2(x):
+    r = relu(x)
+    return r * r
+
+
+@triton.jit
 def apply_activation(x, ACT: tl.constexpr):
     """ACT is a code from ACTIVATIONS; resolved at compile time (one branch survives)."""
     if ACT == 0:
@@ -135,8 +144,10 @@ def apply_activation(x, ACT: tl.constexpr):
         y = gelu_tanh(x)
     elif ACT == 3:
         y = relu(x)
-    else:
+    elif ACT == 4:
         y = quick_gelu(x)
+    else:
+        y = relu2(x)
     return y
 
 

@@ -26,7 +26,18 @@ from advisor.kernels.gated_act import ACTIVATIONS, activation_ref
 
 def activation_of(node: Any) -> tuple[str, Any, list[fx.Node]] | None:
     """(name, input, nodes) if `node` computes a supported activation of one tensor;
-    `nodes` are the ops computing it (the input read by nothing else among them)."""
+    `nodes` are the ops computing it (the input read by nothing else among them). None
+    where its one reader computes a longer one of the same input (relu(x)²: matched at the
+    square, not at the relu)."""
+    found = _activation_at(node)
+    if found is not None and len(node.users) == 1:
+        longer = _activation_at(next(iter(node.users)))
+        if longer is not None and longer[1] is found[1]:
+            return None
+    return found
+
+
+def _activation_at(node: Any) -> tuple[str, Any, list[fx.Node]] | None:
     if is_op(node, aten.silu.default):
         return "silu", node.args[0], [node]
     if is_op(node, aten.relu.default):
@@ -114,13 +125,24 @@ def _evaluate(x: fx.Node, ops: list[fx.Node], probe: torch.Tensor) -> torch.Tens
 def spelled_activation(root: Any) -> tuple[str, Any, list[fx.Node]] | None:
     """(name, x, ops) if the elementwise chain ending at `root` computes one of the
     activations the kernels implement (gated_act.ACTIVATIONS), with x's shape and dtype;
-    else None."""
+    else None. The shortest such chain: one that computes none (x² of a relu) grows by the
+    one-input op before it (relu(x)²) while that op is the chain's alone."""
     if not _pointwise(root) or root.target in CAST_OPS:
         return None
     found = _chain(root)
-    if found is None:
-        return None
-    x, ops = found
+    while found is not None:
+        x, ops = found
+        named = _named(x, ops, root)
+        if named is not None:
+            return named, x, ops
+        if not (_pointwise(x) and len(x.all_input_nodes) == 1 and all(u in ops for u in x.users)):
+            return None
+        found = x.all_input_nodes[0], [x, *ops]
+    return None
+
+
+def _named(x: fx.Node, ops: list[fx.Node], root: fx.Node) -> str | None:
+    """The activation the chain `ops` (x -> root) computes, if any."""
     tx, ty = fake(x), fake(root)
     if tx is None or ty is None or tx.shape != ty.shape or tx.dtype != ty.dtype or not tx.is_floating_point():
         return None
@@ -133,7 +155,7 @@ def spelled_activation(root: Any) -> tuple[str, Any, list[fx.Node]] | None:
             return None
         for name, want in _expected().items():
             if bool(((y - want).abs() <= _SPELLED_RTOL * (1.0 + want.abs())).all()):
-                return name, x, ops
+                return name
     return None
 
 
