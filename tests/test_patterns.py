@@ -805,3 +805,48 @@ def test_interleaved_rope_and_spelled_layer_norm_of_cohere():
     fams = _families(model, ids(7, batch=1))
     assert fams.get("attention_rope") == 2 and fams.get("rope") == 2, fams
     assert fams.get("layer_norm") == 1 and fams.get("add_layer_norm") == 2, fams
+
+
+class _CastInside(torch.nn.Module):
+    """fp32 MLP whose gate activation rounds through bf16 mid-chain: relu, .to(bf16), .float(),
+    square. Not relu² of the gate (the rounding is part of what it computes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.g, self.u, self.d = (torch.nn.Linear(16, 24, bias=False), torch.nn.Linear(16, 24, bias=False),
+                                  torch.nn.Linear(24, 16, bias=False))
+
+    def forward(self, x):
+        return self.d(F.relu(self.g(x)).to(torch.bfloat16).float().square() * self.u(x))
+
+
+class _NarrowNorm(torch.nn.Module):
+    """fp32 model normalising a bf16 copy of x: the norm's input is the rounded copy."""
+
+    def forward(self, x):
+        h = x.to(torch.bfloat16)
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).float() * 2
+
+
+@pytest.mark.parametrize("model", [_CastInside, _NarrowNorm])
+def test_a_narrowing_cast_inside_a_spelling_is_kept(model):
+    # review, session 26: the activation chain grew past the bf16 cast (relu² of the fp32
+    # gate, 0.1 off); the norm read x before its cast (0.05 off in an fp32 model)
+    from advisor.kernels.testing import max_violation, tolerance
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import ALL_FUSIONS
+
+    torch.manual_seed(0)
+    m, x = model().eval(), torch.randn(2, 8, 16) * 4
+    fast = apply(m, ALL_FUSIONS)
+    assert max_violation(fast(x), m(x), tolerance(torch.float32, model=True)) <= 0
+
+
+def test_relu2_gates_in_fp16_are_left_to_eager():
+    # relu(g)² stored in fp16 overflows (g ≥ 256) where the kernels' fp32 act(g)·u does not
+    torch.manual_seed(0)
+    model = _BiasFreeMLP(gated=True).half().eval()
+    model.forward = lambda x: model.down(F.relu(model.gate(x)).square() * model.up(x))
+    x = torch.randn(2, 5, 16).half()
+    fams = _families(model, (x,))
+    assert not {"gated_act", "gate_up_swiglu", "gated_act_linear"} & set(fams), fams

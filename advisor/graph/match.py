@@ -49,10 +49,20 @@ def launches(node: fx.Node) -> int:
 
 
 def strip_casts(node: Any) -> Any:
-    """Follow dtype casts (`.float()`, `.to(bf16)`) back to the tensor they convert."""
-    while is_op(node, *CAST_OPS) and set(node.kwargs) <= {"dtype", "layout", "device"}:
+    """Follow widening dtype casts (`.float()` of bf16/fp16: exact) back to the tensor they
+    convert. A narrowing one (`.to(bf16)` of fp32) rounds: what reads it reads the rounded
+    values, so it stays (a norm of x.to(bf16) is not a norm of x)."""
+    while (is_op(node, *CAST_OPS) and set(node.kwargs) <= {"dtype", "layout", "device"}
+           and _widens(node.args[0], node)):
         node = node.args[0]
     return node
+
+
+def _widens(src: Any, cast: fx.Node) -> bool:
+    """`cast` holds every value of `src` exactly: floating point to a wider one."""
+    a, b = fake(src), fake(cast)
+    return (a is not None and b is not None and a.dtype.is_floating_point and b.dtype.is_floating_point
+            and b.dtype.itemsize > a.dtype.itemsize)
 
 
 def sole_user(node: fx.Node, *targets: Any) -> fx.Node | None:

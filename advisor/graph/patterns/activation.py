@@ -20,7 +20,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from advisor.graph.capture import fake, module_path
-from advisor.graph.match import CAST_OPS, Match, aten, is_op, other_arg, strip_views
+from advisor.graph.match import CAST_OPS, Match, aten, is_op, other_arg, strip_casts, strip_views
 from advisor.kernels.gated_act import ACTIVATIONS, activation_ref
 
 
@@ -137,6 +137,8 @@ def spelled_activation(root: Any) -> tuple[str, Any, list[fx.Node]] | None:
             return named, x, ops
         if not (_pointwise(x) and len(x.all_input_nodes) == 1 and all(u in ops for u in x.users)):
             return None
+        if len(ops) >= MAX_CHAIN or (x.target in CAST_OPS and strip_casts(x) is x):
+            return None  # long enough; a narrowing cast rounds, which `_evaluate` does not model
         found = x.all_input_nodes[0], [x, *ops]
     return None
 
@@ -184,8 +186,12 @@ def find_gated(gm: fx.GraphModule) -> list[Match]:
             if act is None or not isinstance(up, fx.Node) or len(a.users) != 1:
                 continue
             name, gate, nodes = act
-            tg, tu = fake(gate), fake(up)
+            tg, tu, ta = fake(gate), fake(up), fake(a)
             if tg is None or tu is None or tg.shape != tu.shape or tg.dtype != tu.dtype:
+                continue
+            if name == "relu2" and (ta is None or ta.dtype == torch.float16):
+                # relu(g)² stored in fp16 overflows from g = 256 where the kernels' fp32
+                # product act(g)·u need not: eager's inf (or NaN) is what the model computes
                 continue
             operands = {"gate": gate, "up": up, "activation": name}
             found.append(Match("gated_act", "gated_act", module_path(node), (*nodes, node),

@@ -167,7 +167,7 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
         # a weightless RMSNorm's projections: analysis only, a family of their own (one
         # family's sites share a kernel; rmsnorm_linear scales by a weight)
         family = m.family if m.operands.get("weight") is not None or "rms" not in m.family \
-            else f"{m.family}_no_weight"
+            or m.family.endswith("_no_weight") else f"{m.family}_no_weight"
         found.append(Match(f"{family}_linear", kernel, m.module, nodes, operands, outputs))
     return found
 
