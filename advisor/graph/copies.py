@@ -24,25 +24,15 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from advisor.graph.capture import fake
 from advisor.graph.cse import escaping_storages, storage_bases, written_storages
-from advisor.graph.match import aten, is_op
-
-
-def _known(cond: Any) -> bool:
-    """True only when `cond` holds for every size the graph may run at (no guard added)."""
-    return bool(statically_known_true(cond))
-
-
-def _same_sizes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dim() == b.dim() and all(_known(x == y) for x, y in zip(a.shape, b.shape))
+from advisor.graph.match import aten, is_op, known, same_sizes
 
 
 def _empty(node: Any) -> bool:
     t = fake(node)
-    return t is not None and _known(t.numel() == 0)
+    return t is not None and known(t.numel() == 0)
 
 
 def copied_value(node: Any) -> fx.Node | None:
@@ -58,7 +48,7 @@ def copied_value(node: Any) -> fx.Node | None:
         full = [t for t in node.args[0] if not _empty(t)]
         src = full[0] if len(full) == 1 else None
     t = fake(src)
-    if not isinstance(src, fx.Node) or t is None or t.dtype != out.dtype or not _same_sizes(t, out):
+    if not isinstance(src, fx.Node) or t is None or t.dtype != out.dtype or not same_sizes(t, out):
         return None
     return src
 
@@ -77,8 +67,8 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same strides wherever a dim may hold more than one element, and the same storage
     offset (a copy starts at 0): every address a reader forms — `as_strided` too — reads
     the same element in either."""
-    return _same_sizes(a, b) and _known(a.storage_offset() == b.storage_offset()) and all(
-        _known(size == 1) or _known(sa == sb) for size, sa, sb in zip(a.shape, a.stride(), b.stride()))
+    return same_sizes(a, b) and known(a.storage_offset() == b.storage_offset()) and all(
+        known(size == 1) or known(sa == sb) for size, sa, sb in zip(a.shape, a.stride(), b.stride()))
 
 
 def is_full_slice(node: Any) -> bool:

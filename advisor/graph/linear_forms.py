@@ -22,43 +22,32 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from advisor.graph.capture import fake, infer_meta
 from advisor.graph.dce import eliminate_dead
-from advisor.graph.match import VIEW_OPS, aten, is_op
+from advisor.graph.match import VIEW_OPS, aten, is_op, known, strip_views
 from advisor.graph.patterns.linear import linear_at
 
 # views that keep every element where a reshape of x's rows would put it, when the strides agree
 _RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
-def _known(cond: Any) -> bool:
-    return bool(statically_known_true(cond))
-
-
-def _through_views(node: Any) -> Any:
-    while is_op(node, *VIEW_OPS):
-        node = node.args[0]
-    return node
-
-
 def _holds(view: torch.Tensor, sizes: tuple, strides: tuple, offset: Any) -> bool:
     """`view` addresses its elements as (sizes, strides, offset) do: a stride counts only
     where its dim holds more than one element."""
-    return (view.dim() == len(sizes) and _known(view.storage_offset() == offset)
-            and all(_known(a == b) for a, b in zip(view.shape, sizes))
-            and all(_known(n == 1) or _known(a == b) for n, a, b in zip(sizes, view.stride(), strides)))
+    return (view.dim() == len(sizes) and known(view.storage_offset() == offset)
+            and all(known(a == b) for a, b in zip(view.shape, sizes))
+            and all(known(n == 1) or known(a == b) for n, a, b in zip(sizes, view.stride(), strides)))
 
 
 def _weight_transposed(b: Any, params: dict[str, str]) -> fx.Node | None:
     """The (N, K) weight W whose transpose `b` ((K, N), or (1, K, N)) is, through views."""
-    w = _through_views(b)
+    w = strip_views(b)
     tb, tw = fake(b), fake(w)
     if not isinstance(w, fx.Node) or w.name not in params or tb is None or tw is None or tw.dim() != 2:
         return None
     if tb.dim() == 3:
-        if not _known(tb.shape[0] == 1):
+        if not known(tb.shape[0] == 1):
             return None
         sizes, strides = (1, tw.shape[1], tw.shape[0]), (0, tw.stride(1), tw.stride(0))
     else:
@@ -70,11 +59,11 @@ def _flattens(ta: torch.Tensor, x: Any) -> bool:
     """`ta` ((M, K) or (1, M, K)) addresses the elements x.view(-1, K) would. Worked out
     from sizes and strides (a fake view could add guards on symbolic sizes)."""
     tx = fake(x)
-    if tx is None or tx.dim() < 2 or not (ta.dim() == 2 or (ta.dim() == 3 and _known(ta.shape[0] == 1))):
+    if tx is None or tx.dim() < 2 or not (ta.dim() == 2 or (ta.dim() == 3 and known(ta.shape[0] == 1))):
         return False
     sizes, strides = tx.shape, tx.stride()
     for i in range(tx.dim() - 2):  # x's leading dims must be one stride apart, as rows
-        if not (_known(sizes[i] == 1) or _known(strides[i] == strides[i + 1] * sizes[i + 1])):
+        if not (known(sizes[i] == 1) or known(strides[i] == strides[i + 1] * sizes[i + 1])):
             return False
     rows = math.prod(sizes[:-1])
     lead = () if ta.dim() == 2 else (1,)
@@ -106,8 +95,8 @@ def _reshaped_reader(out: fx.Node) -> fx.Node | None:
             break
         # all of out's elements, in row order: a slice from the start passes the layout
         # test but holds fewer (next-token logits: einsum(...)[:, :-1].reshape(-1, V))
-        if (is_op(node, *_RESHAPES) and t.is_contiguous() and _known(t.storage_offset() == 0)
-                and _known(t.numel() == fake(out).numel())):
+        if (is_op(node, *_RESHAPES) and t.is_contiguous() and known(t.storage_offset() == 0)
+                and known(t.numel() == fake(out).numel())):
             last = node
     return last
 

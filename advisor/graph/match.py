@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from advisor.graph.capture import fake, module_path, nbytes
 
@@ -46,6 +47,15 @@ def launches(node: fx.Node) -> int:
     if node.op != "call_function" or is_getitem(node) or node.target in VIEW_OPS:
         return 0
     return int(getattr(node.target, "LAUNCHES_PER_CALL", 1))
+
+
+def known(cond: Any) -> bool:
+    """True only when `cond` holds for every size the graph may run at (no guard added)."""
+    return bool(statically_known_true(cond))
+
+
+def same_sizes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dim() == b.dim() and all(known(x == y) for x, y in zip(a.shape, b.shape))
 
 
 def strip_casts(node: Any) -> Any:

@@ -18,7 +18,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from advisor.graph.capture import fake, hint, module_path
 from advisor.graph.copies import is_full_slice, through_copies
-from advisor.graph.match import CAST_OPS, Match, aten, is_getitem, is_op, strip_views
+from advisor.graph.match import CAST_OPS, Match, aten, is_getitem, is_op, same_sizes, strip_views
 from advisor.kernels.masks import MASKED_BIAS
 
 SDPA_OPS = tuple(
@@ -301,8 +301,7 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
 
 def _same_shape(a: Any, b: Any) -> bool:
     ta, tb = fake(a), fake(b)
-    return ta is not None and tb is not None and ta.dim() == tb.dim() and all(
-        statically_known_true(x == y) for x, y in zip(ta.shape, tb.shape))
+    return ta is not None and tb is not None and same_sizes(ta, tb)
 
 
 def _swaps_dims_1_2(node: Any) -> bool:
