@@ -433,3 +433,23 @@ def test_a_running_trial_without_an_owner_yet_is_not_recovered_as_dead(monkeypat
     assert st.recover_stale(study) == [fresh.number]
     states = {t.number: t.state for t in study.get_trials()}
     assert states[fresh.number] == TrialState.FAIL and states[live.number] == TrialState.RUNNING
+
+
+def test_seed_configs_stored_before_an_axis_match_the_space():
+    # A recipe tuned before the GEMMs' TMA axis stores its configs without TMA; the space
+    # lists them with TMA=0. The seed must keep its config, not fall back to the default.
+    from advisor.kernels.space import decode, encode
+
+    old = "BLOCK_K=512,BLOCK_M=1,BLOCK_N=16,GROUP_M=8,SPLIT_K=1,num_stages=1,num_warps=4"
+    listed = encode({**decode(old), "TMA": 0})
+    space = BucketSpace(1, 0, (FamilySpace("rms_norm_linear", "rmsnorm_linear", 8, 0.1,
+                                           ("", listed)),))
+    first = seed_params(space, [Plan(("rms_norm_linear",), {"rms_norm_linear": old})])[0]
+    assert first == {"rms_norm_linear": True, "rms_norm_linear.config": listed}
+    from advisor.search.space import canonical_config
+
+    assert canonical_config("rms_norm_linear", old) == listed
+    # Not a config of that kernel (or no kernel behind the family): left as it is.
+    assert canonical_config("rms_norm_linear", "BLOCK_N=7") == "BLOCK_N=7"
+    assert canonical_config("qkv_merge", "X=1") == "X=1"
+    assert canonical_config("rms_norm_linear", "") == ""

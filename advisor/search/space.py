@@ -89,13 +89,32 @@ def plan_from_params(params: dict[str, Any], space: BucketSpace) -> Plan:
     return Plan(fusions=tuple(on), configs=configs, **{f: bool(params.get(f)) for f in PLAN_FLAGS})
 
 
+def canonical_config(family: str, text: str) -> str:
+    """`text` in the form the space lists configs: the kernel's axes added since it was
+    stored filled in (`ConfigSpace.fill`), keys sorted. A recipe tuned before the GEMMs'
+    TMA axis stores "BLOCK_K=512,…,num_warps=4"; the space lists "…,TMA=0,…" — without this,
+    seeding with that recipe silently ran default configs in its place (H100, session 27:
+    1.656 against the recipe's own 1.579 ms at 1 token). Text that is not a well-formed
+    config of the family's kernel is returned as it is."""
+    from advisor.kernels.registry import get
+    from advisor.kernels.space import decode, encode
+
+    kernel = FAMILIES.get(family)
+    if not text or kernel is None or kernel in UNTUNED_KERNELS:
+        return text
+    try:
+        return encode(get(kernel).space.well_formed(decode(text)))
+    except (KeyError, ValueError):
+        return text
+
+
 def plan_params(plan: Plan, space: BucketSpace) -> dict[str, Any]:
     """A plan (e.g. hand-written) as trial parameters of this space: its families that the
     space offers, each with the plan's config where the space lists it (else the default)."""
     params: dict[str, Any] = {f.family: f.family in plan.fusions for f in space.families}
     for f in space.families:
         if params[f.family] and len(f.configs) > 1:
-            mine = plan.config_for(f.family)
+            mine = canonical_config(f.family, plan.config_for(f.family))
             params[config_param(f.family)] = mine if mine in f.configs else DEFAULT_CONFIG
     for flag in space.flags():
         params[flag] = getattr(plan, flag)
