@@ -5,7 +5,8 @@
 #   ADVISOR_GIT_SHA=$(git rev-parse --short HEAD) bash benchmarks/next_gpu_session.sh tune
 # Stages:
 #   tune    analyze at 1/512 (ANALYZE_S=0 skips it); a tune seeded per bucket with RECIPE and
-#           SEEDS (plan files) -> $OUT/llama_hf-<card>.json (h200 or h100)
+#           SEEDS (plan files), TRIALS per bucket (4), resuming JOURNAL if given
+#           -> $OUT/llama_hf-<card>.json (h200 or h100)
 #   bench   RECIPE (default the committed one; pass tune's output) vs eager and both
 #           torch.compile modes at 1/128/512/2048: latency, kernels, cold start fields
 #   ablate  each family of RECIPE toggled at 1/512, for predicted-vs-measured savings
@@ -59,8 +60,10 @@ tune)
     timeout ${ANALYZE_S:-140} python3 -m advisor.cli analyze $model --shapes 1,512 \
       --json "$OUT/analysis.json" > "$OUT/analyze.log" 2>&1
     echo "analyze rc=$?" >> "$OUT/analyze.log"; tail -4 "$OUT/analyze.log"; fi
+  # JOURNAL: an earlier call's study journal (from its 0-all.tgz, carried), resumed here
+  [ -n "${JOURNAL:-}" ] && cp "$JOURNAL" "$OUT/llama_hf-$card.json.journal"
   # TUNE_S - 90 s of search, TUNE_S hard stop: the journal keeps finished trials past a kill
-  timeout ${TUNE_S:-420} python3 -m advisor.cli tune $model --shapes 1,128,512,2048 --trials 4 \
+  timeout ${TUNE_S:-420} python3 -m advisor.cli tune $model --shapes 1,128,512,2048 --trials ${TRIALS:-4} \
     --time-budget $(( ${TUNE_S:-420} - 90 )) --seed-plan "$RECIPE" \
     $(for s in ${SEEDS-recipes/prefill-light-attention-cudagraph.plan.json recipes/decode-swiglu-table-pdl-cudagraph.plan.json}; do
         echo --seed-plan "$s"; done) \
