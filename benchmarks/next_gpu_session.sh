@@ -2,7 +2,9 @@
 # The next H200 session's runs, planned in session 12 (no device was lent then).
 # Each stage fits one 10-minute device command; run from the repository root with
 #   carry [".whl"] (../shared/tools/prep-device-wheels.sh) and ADVISOR_GIT_SHA set:
-#   ADVISOR_GIT_SHA=$(git rev-parse --short HEAD) bash benchmarks/next_gpu_session.sh tune
+#   ADVISOR_GIT_SHA=<sha> bash benchmarks/next_gpu_session.sh tune
+# with the sha written out here, before the call: `git rev-parse` on the device answers a
+# stale commit (session 27 runs D-F recorded 94cfc9a for f4e13f1).
 # Stages:
 #   tune    analyze at 1/512 (ANALYZE_S=0 skips it); a tune seeded per bucket with RECIPE and
 #           SEEDS (plan files), TRIALS per bucket (4), resuming JOURNAL if given
