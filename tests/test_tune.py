@@ -453,3 +453,56 @@ def test_seed_configs_stored_before_an_axis_match_the_space():
     assert canonical_config("rms_norm_linear", "BLOCK_N=7") == "BLOCK_N=7"
     assert canonical_config("qkv_merge", "X=1") == "X=1"
     assert canonical_config("rms_norm_linear", "") == ""
+
+
+def test_neighbours_switch_one_family_or_flag():
+    from advisor.search.space import neighbour_params
+
+    space = BucketSpace(512, 128, (
+        FamilySpace("rms_norm", "rms_norm", 2, 0.05, ("", "BLOCK_N=128")),
+        FamilySpace("gated_act", "gated_act", 1, 0.01),
+        FamilySpace("linear_residual", "gemm_epilogue", 8, 0.20, ("", "BLOCK_M=64")),
+        FamilySpace("rope", "rope", 8, 0.10)), cuda_graph=True)
+    best = {"rms_norm": True, "rms_norm.config": "BLOCK_N=128", "gated_act": True,
+            "linear_residual": False, "rope": False, "cuda_graph": True}
+    got = [plan_from_params(p, space) for p in neighbour_params(space, best)]
+    assert got == [
+        # off -> on, largest predicted saving first, with the default config
+        Plan(("rms_norm", "gated_act", "linear_residual"), {"rms_norm": "BLOCK_N=128"}, True),
+        Plan(("rms_norm", "gated_act", "rope"), {"rms_norm": "BLOCK_N=128"}, True),
+        # on -> off, smallest predicted saving first; the config goes with its family
+        Plan(("rms_norm",), {"rms_norm": "BLOCK_N=128"}, True),
+        Plan(("gated_act",), {}, True),
+        Plan(("rms_norm", "gated_act"), {"rms_norm": "BLOCK_N=128"}, False)]
+    assert best not in neighbour_params(space, best)
+
+
+def test_study_climbs_from_its_seed_before_it_samples():
+    # A synthetic objective whose optimum is two switches from the seed: the climb reaches
+    # it in the trials right after the seed, neighbours measured once each.
+    from advisor.search.space import plan_params
+    from advisor.search.study import climber
+
+    space = BucketSpace(512, 128, tuple(FamilySpace(f, f, 1, s) for f, s in
+                                        (("rms_norm", 0.3), ("gated_act", 0.2), ("rope", 0.1),
+                                         ("attention", 0.05))))
+    cost = {"rms_norm": -1.0, "gated_act": -0.5, "rope": 0.4, "attention": 0.2}
+
+    def objective(trial):
+        plan = suggest(trial, space)
+        return 10.0 + sum(cost[f] for f in plan.fusions)
+
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
+    study.enqueue_trial(plan_params(Plan(("rope", "attention")), space))
+    study.optimize(objective, n_trials=8, callbacks=[climber(space, limit=8)])
+    plans = [plan_from_params(t.params, space).fusions
+             for t in study.get_trials(states=(TrialState.COMPLETE,))]
+    assert plans[:5] == [("rope", "attention"),                       # the seed: 10.6
+                         ("rms_norm", "rope", "attention"),           # 9.6, climbed from
+                         ("rms_norm", "gated_act", "rope", "attention"),  # 9.1
+                         ("rms_norm", "gated_act", "rope"),           # 8.9
+                         ("rms_norm", "gated_act")]                   # 8.5: the optimum
+    assert study.best_value == 8.5
+    # the optimum's neighbours are tried next, then TPE samples; nothing is left waiting
+    assert plans[5:7] == [("rms_norm", "gated_act", "attention"), ("rms_norm",)]
+    assert len(study.trials) == 8
