@@ -47,8 +47,7 @@ from advisor.errors import AdvisorError, ModelFileError, RecipeError
 from advisor.runtime.plan import UNFUSED, Plan
 from advisor.runtime.recipe import Bucket, Recipe, save_recipe
 from advisor.search.objective import TrialFailed, make_objective, plan_of
-from advisor.search.space import (BucketSpace, neighbour_params, plan_params, seed_params,
-                                  seeds_for_length)
+from advisor.search.space import BucketSpace, neighbour_params, plan_params, seed_params, seeds_for_length
 from advisor.search.worker import WorkerPool, WorkerSpec
 
 TIE = 0.01          # plans within 1% of the fastest are ties
