@@ -43,11 +43,13 @@
 #           PROBE_FAMILIES alone with RECIPE's configs: what a site's kernels cost in a forward
 #   spellings  benchmarks/check_spellings.py: the spellings matched since session 25 (Phi-3, partial
 #           rotary, gpt-fast / Meta RoPE), apply vs eager on the GPU (SPELL_S, default 150 s)
+#   fp32    benchmarks/fp32_probe.py: each matrix kernel in fp32 (GEMV, tl.dot, TMA paths) against
+#           float64, beside eager's own error (the fp32 sites refused in check_spellings)
 #   kernels issue 3's memory-bound kernels at 2048/8192 (default configs), then issue 6's
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
 # Several stages run in order in one command: ... next_gpu_session.sh coldstart tune
-[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, predict, coldstart, attention, prefill, deep, gemmsites, kernels, order, otherplans, probetiming, spellings, all or pack" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, predict, coldstart, attention, prefill, deep, gemmsites, kernels, order, otherplans, probetiming, spellings, fp32, all or pack" >&2; exit 2; }
 RECIPE=${RECIPE:-recipes/llama_hf-h200.json}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
@@ -219,6 +221,9 @@ for name, on in (('unfused', []), ('alone', fams)):
 spellings)  # session 25's spellings (Phi-3, partial rotary, gpt-fast/Meta RoPE) on the GPU
   timeout ${SPELL_S:-150} python3 benchmarks/check_spellings.py > "$OUT/spellings.log" 2>&1
   echo "spellings rc=$?" >> "$OUT/spellings.log"; tail -3 "$OUT/spellings.log" ;;
+fp32)  # why fp32 GEMM-family sites fail confirmation on the GPU (benchmarks/fp32_probe.py)
+  timeout ${FP32_S:-120} python3 benchmarks/fp32_probe.py --json "$OUT/fp32-probe.json" > "$OUT/fp32.log" 2>&1
+  echo "fp32 rc=$?" >> "$OUT/fp32.log"; grep -c -- "<--" "$OUT/fp32.log"; tail -3 "$OUT/fp32.log" ;;
 pack)
   (cd "$OUT" && tar czf /tmp/0-all.tgz . && mv /tmp/0-all.tgz . \
     && find . -type f ! -name 0-all.tgz ! -name '*.json' -delete \
