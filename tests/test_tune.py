@@ -477,32 +477,86 @@ def test_neighbours_switch_one_family_or_flag():
     assert best not in neighbour_params(space, best)
 
 
-def test_study_climbs_from_its_seed_before_it_samples():
-    # A synthetic objective whose optimum is two switches from the seed: the climb reaches
-    # it in the trials right after the seed, neighbours measured once each.
-    from advisor.search.space import plan_params
-    from advisor.search.study import climber
+def _climb_space():
+    return BucketSpace(512, 128, tuple(FamilySpace(f, f, 1, s) for f, s in
+                                       (("rms_norm", 0.3), ("gated_act", 0.2), ("rope", 0.1),
+                                        ("attention", 0.05))))
 
-    space = BucketSpace(512, 128, tuple(FamilySpace(f, f, 1, s) for f, s in
-                                        (("rms_norm", 0.3), ("gated_act", 0.2), ("rope", 0.1),
-                                         ("attention", 0.05))))
+
+def _climb_objective(space):
     cost = {"rms_norm": -1.0, "gated_act": -0.5, "rope": 0.4, "attention": 0.2}
 
     def objective(trial):
         plan = suggest(trial, space)
         return 10.0 + sum(cost[f] for f in plan.fusions)
+    return objective
 
-    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
+
+def test_study_climbs_from_its_seed_before_it_samples():
+    # A synthetic objective whose optimum is four switches from the seed: the climb reaches
+    # it in the trials right after the seed, each plan measured once, nothing left waiting.
+    from advisor.search.climb import ClimbSampler
+    from advisor.search.space import plan_params
+
+    space = _climb_space()
+    study = optuna.create_study(sampler=ClimbSampler(optuna.samplers.TPESampler(seed=0), space))
     study.enqueue_trial(plan_params(Plan(("rope", "attention")), space))
-    study.optimize(objective, n_trials=8, callbacks=[climber(space, limit=8)])
-    plans = [plan_from_params(t.params, space).fusions
-             for t in study.get_trials(states=(TrialState.COMPLETE,))]
+    study.optimize(_climb_objective(space), n_trials=8)
+    trials = study.get_trials(states=(TrialState.COMPLETE,))
+    plans = [plan_from_params(t.params, space).fusions for t in trials]
     assert plans[:5] == [("rope", "attention"),                       # the seed: 10.6
                          ("rms_norm", "rope", "attention"),           # 9.6, climbed from
                          ("rms_norm", "gated_act", "rope", "attention"),  # 9.1
                          ("rms_norm", "gated_act", "rope"),           # 8.9
                          ("rms_norm", "gated_act")]                   # 8.5: the optimum
     assert study.best_value == 8.5
-    # the optimum's neighbours are tried next, then TPE samples; nothing is left waiting
+    assert [t.user_attrs.get("climb_of") for t in trials[:5]] == [None, 0, 1, 2, 3]
+    # the optimum's untried neighbours next, then TPE samples
     assert plans[5:7] == [("rms_norm", "gated_act", "attention"), ("rms_norm",)]
-    assert len(study.trials) == 8
+    assert len(study.trials) == 8 and len(set(plans[:7])) == 7
+    # A run stopped by time leaves nothing waiting (its next run starts with its own seeds).
+    study.optimize(_climb_objective(space), timeout=0.5)
+    assert not study.get_trials(states=(TrialState.WAITING,))
+
+
+def test_climb_counts_a_plan_in_any_spelling_and_retries_what_may_pass_now():
+    from advisor.search.climb import ClimbSampler
+    from advisor.search.objective import _same_plan
+
+    old = "BLOCK_K=512,BLOCK_M=1,BLOCK_N=16,GROUP_M=8,SPLIT_K=1,num_stages=1,num_warps=4"
+    listed = old.replace("SPLIT_K=1,", "SPLIT_K=1,TMA=0,")
+    space = BucketSpace(1, 0, (FamilySpace("rms_norm_linear", "rmsnorm_linear", 8, 0.2, ("", listed)),
+                               FamilySpace("rope", "rope", 8, 0.1)))
+    dist = {"rms_norm_linear": optuna.distributions.CategoricalDistribution([True, False]),
+            "rms_norm_linear.config": optuna.distributions.CategoricalDistribution(["", listed, old]),
+            "rope": optuna.distributions.CategoricalDistribution([True, False])}
+
+    def trial(params, value=None, failure=None):
+        plan = plan_from_params(params, space)
+        return optuna.trial.create_trial(
+            params=params, distributions={k: dist[k] for k in params}, value=value,
+            state=TrialState.COMPLETE if failure is None else TrialState.FAIL,
+            user_attrs={"plan": plan.to_json(), **({"failure": failure} if failure else {})})
+
+    # A journal's trial stored the config without TMA (its best), and one with rope on.
+    best = trial({"rms_norm_linear": True, "rms_norm_linear.config": old, "rope": False}, 1.0)
+    sampler = ClimbSampler(optuna.samplers.TPESampler(seed=0), space)
+    # Its neighbour "rope on" has not been tried: the climb offers it, spelled as listed.
+    assert sampler.next_climb([best])[1] == {"rms_norm_linear": True,
+                                             "rms_norm_linear.config": listed, "rope": True}
+    # Tried already in the new spelling: not offered again (nor rms_norm_linear off, tried too).
+    again = trial({"rms_norm_linear": True, "rms_norm_linear.config": listed, "rope": True}, 2.0)
+    off = trial({"rms_norm_linear": False, "rope": False}, 3.0)
+    assert sampler.next_climb([best, again, off]) is None
+    # A timeout may pass next time: offered again; a mismatch would fail again: not.
+    timed_out = trial({"rms_norm_linear": True, "rms_norm_linear.config": listed, "rope": True},
+                      failure="timeout")
+    assert sampler.next_climb([best, timed_out, off])[1]["rope"] is True
+    mismatch = trial({"rms_norm_linear": True, "rms_norm_linear.config": listed, "rope": True},
+                     failure="mismatch")
+    assert sampler.next_climb([best, mismatch, off]) is None
+    # The objective repeats an outcome across spellings too (not building the plan again).
+    study = optuna.create_study()
+    study.add_trial(best)
+    assert _same_plan(study, plan_from_params(
+        {"rms_norm_linear": True, "rms_norm_linear.config": listed, "rope": False}, space)) is not None

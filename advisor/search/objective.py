@@ -46,7 +46,7 @@ from advisor.loader import (
 )
 from advisor.runtime.plan import Plan
 from advisor.runtime.recipe import plan_from_json
-from advisor.search.space import BucketSpace, suggest
+from advisor.search.space import BucketSpace, canonical_plan_json, suggest
 from advisor.state import Snapshot
 from advisor.verify import fp32_copy, judge, needs_truth
 
@@ -341,9 +341,10 @@ REPEATABLE = {"compile_error", "out_of_resources", "mismatch", "nan"}
 def _same_plan(study: optuna.Study, plan: Plan) -> FrozenTrial | None:
     """An earlier trial of exactly this plan whose outcome stands (sampling repeats itself
     in small spaces; a build + verify + time is not free)."""
-    want = plan.to_json()
+    want = canonical_plan_json(plan.to_json())  # a journal's older config spellings match
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        if t.user_attrs.get("plan") == want and (
+        stored = t.user_attrs.get("plan")
+        if isinstance(stored, dict) and canonical_plan_json(stored) == want and (
                 t.state == TrialState.COMPLETE or t.user_attrs.get("failure") in REPEATABLE):
             return t
     return None

@@ -20,6 +20,7 @@ plain data and runs anywhere.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -106,6 +107,19 @@ def canonical_config(family: str, text: str) -> str:
         return encode(get(kernel).space.well_formed(decode(text)))
     except (KeyError, ValueError):
         return text
+
+
+def canonical_plan_json(plan: dict[str, Any]) -> dict[str, Any]:
+    """A plan's JSON with every config in canonical form: two spellings of one plan (a
+    journal's configs stored before an axis existed, and today's) compare equal."""
+    configs = plan.get("configs") or {}
+    return {**plan, "configs": {f: canonical_config(f, c) for f, c in configs.items()}}
+
+
+def plan_key(params: dict[str, Any], space: BucketSpace) -> str:
+    """Trial parameters as one string per plan (configs canonical), to tell plans apart."""
+    return json.dumps(canonical_plan_json(plan_from_params(params, space).to_json()),
+                      sort_keys=True)
 
 
 def plan_params(plan: Plan, space: BucketSpace) -> dict[str, Any]:

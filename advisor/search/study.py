@@ -12,8 +12,8 @@ length = that value):
    process; trial numbers come from Optuna's storage, so they stay unique across processes
    and machines sharing it) until the study holds `--trials` finished trials or the bucket's
    share of `--time-budget` is spent (a trial running then gets a short grace): the seeds,
-   then the fastest plan's neighbours one at a time — one family or flag switched,
-   climbing from each win (`climber`) — then TPE's samples. A plan that was already measured is not built
+   then the fastest plan's untried neighbours — one family or flag switched, climbing
+   from each win (`climb.ClimbSampler`) — then TPE's samples. A plan that was already measured is not built
    again: the trial repeats its outcome;
 3. the top plans and the unfused model are re-timed together in one worker, alone (K
    workers on one GPU disturb each other's timings), and the bucket's plan is chosen with a
@@ -32,7 +32,6 @@ import datetime
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 from collections import Counter
@@ -46,8 +45,9 @@ from optuna.trial import FrozenTrial, TrialState
 from advisor.errors import AdvisorError, ModelFileError, RecipeError
 from advisor.runtime.plan import UNFUSED, Plan
 from advisor.runtime.recipe import Bucket, Recipe, save_recipe
+from advisor.search.climb import ClimbSampler
 from advisor.search.objective import TrialFailed, make_objective, plan_of
-from advisor.search.space import BucketSpace, neighbour_params, plan_params, seed_params, seeds_for_length
+from advisor.search.space import BucketSpace, plan_params, seed_params, seeds_for_length
 from advisor.search.worker import WorkerPool, WorkerSpec
 
 TIE = 0.01          # plans within 1% of the fastest are ties
@@ -152,9 +152,13 @@ def open_storage(options: TuneOptions) -> tuple[Any, str]:
     return optuna.storages.JournalStorage(JournalFileBackend(str(path))), str(path)
 
 
-def open_study(storage: Any, name: str, seed: int) -> optuna.Study:
+def open_study(storage: Any, name: str, seed: int, space: BucketSpace | None = None) -> optuna.Study:
+    """The bucket's study; with its space, new trials climb before TPE samples (`climb`)."""
+    sampler: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(seed=seed)
+    if space is not None:
+        sampler = ClimbSampler(sampler, space)
     return optuna.create_study(storage=storage, study_name=name, direction="minimize",
-                               sampler=optuna.samplers.TPESampler(seed=seed), load_if_exists=True)
+                               sampler=sampler, load_if_exists=True)
 
 
 # A trial's objective names its owner first thing; one RUNNING without an owner is another
@@ -320,46 +324,11 @@ class Budget:
         return n, share, (n is None or n > 0) and (share is None or share > 0)
 
 
-def _params_key(params: dict[str, Any]) -> tuple:
-    return tuple(sorted(params.items()))
-
-
-def climber(space: BucketSpace, limit: int | None = None) -> Any:
-    """An Optuna callback that makes the search climb before it samples: whenever no
-    enqueued trial is left (the seeds go first), the first not-yet-tried neighbour of the
-    fastest completed plan (`neighbour_params`: one family or flag switched) is enqueued,
-    so each win is climbed from at once. Once every neighbour of the best plan has been
-    tried, TPE samples as before. One trial is enqueued at a time, and none once the
-    study holds `limit` trials (`--trials`), so a finished study leaves none waiting."""
-    lock = threading.Lock()  # --workers K: callbacks run in K threads
-
-    def callback(study: optuna.Study, trial: FrozenTrial) -> None:
-        with lock:
-            trials = study.get_trials(deepcopy=False)
-            if any(t.state == TrialState.WAITING for t in trials):
-                return
-            if limit is not None and sum(t.state in (*FINISHED, TrialState.RUNNING)
-                                         for t in trials) >= limit:
-                return
-            done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
-            if not done:
-                return
-            best = min(done, key=lambda t: (t.value, t.number))
-            # a running trial's parameters are in its params; a waiting one's are fixed
-            tried = {_params_key(t.params or t.system_attrs.get("fixed_params", {})) for t in trials}
-            for params in neighbour_params(space, best.params):
-                if _params_key(params) not in tried:
-                    study.enqueue_trial(params)
-                    return
-
-    return callback
-
-
 def tune_bucket(pool: WorkerPool, storage: Any, name: str, options: TuneOptions,
                 space: BucketSpace, unfused_ms: float, budget: Budget,
                 listener: Listener, prefer: Plan | None = None) -> BucketResult:
     run_id, length = uuid.uuid4().hex, space.length
-    study = open_study(storage, name, options.seed + length)
+    study = open_study(storage, name, options.seed + length, space)
     recover_stale(study)
     seeds = seeds_for_length(options.seed_plans, length)
     if not study.get_trials(deepcopy=False):
@@ -383,7 +352,7 @@ def tune_bucket(pool: WorkerPool, storage: Any, name: str, options: TuneOptions,
         objective = make_objective(space, pool, options, hard, run_id)
         study.optimize(objective, n_trials=n_trials,
                        timeout=timeout, n_jobs=options.workers, catch=(TrialFailed,),
-                       callbacks=[progress, climber(space, options.trials)])
+                       callbacks=[progress])
     started = time.monotonic()
     result = finish_bucket(study, name, space, pool, options, unfused_ms, prefer)
     budget.finish_s = max(budget.finish_s, time.monotonic() - started)
