@@ -258,6 +258,7 @@ def run_trial(ctx: Context, req: dict[str, Any], stage: Stage) -> dict[str, Any]
         ms = median_ms(lambda: call(fast, main), ctx.device, warmup_ms=req["warmup_ms"],
                        rep_ms=req["rep_ms"], reset=_reset(ctx, main))
     return {"ok": True, "ms": ms, "max_error": err, "applied": sum(applied.values()),
+            "applied_families": {f: n for f, n in applied.items() if n},
             "unfused": unfused[:20]}
 
 
@@ -352,7 +353,7 @@ def _same_plan(study: optuna.Study, plan: Plan) -> FrozenTrial | None:
 
 def _repeat(trial: optuna.Trial, same: FrozenTrial) -> float:
     trial.set_user_attr("repeat_of", same.number)
-    for key in ("max_error", "applied", "unfused", "failure", "error", "note"):
+    for key in ("max_error", "applied", "applied_families", "unfused", "failure", "error", "note"):
         if key in same.user_attrs:
             trial.set_user_attr(key, same.user_attrs[key])
     if same.state == TrialState.FAIL:
@@ -382,8 +383,9 @@ def make_objective(space: BucketSpace, pool: WorkerPool, options: TuneOptions,
             trial.set_user_attr("failure", res["reason"])
             trial.set_user_attr("error", res.get("message", ""))
             raise TrialFailed(res["reason"], res.get("message", ""))
-        for key in ("max_error", "applied", "unfused"):
-            trial.set_user_attr(key, res[key])
+        for key in ("max_error", "applied", "unfused", "applied_families"):
+            if key in res:
+                trial.set_user_attr(key, res[key])
         if plan.fusions and res["applied"] == 0:
             trial.set_user_attr("note", "no fusion applied at any site: the graph-wide passes alone")
         return float(res["ms"])
