@@ -12,8 +12,8 @@ at once. Nothing is enqueued: a run that ends leaves no trial waiting for the ne
 "Tried" compares plans, not parameter spellings (`space.canonical_config`): a journal
 from before an axis existed stores its configs without it. A trial counts as tried when it
 completed, when it failed in a way the same plan would fail again (`objective.REPEATABLE`),
-while it is running or waiting, or when this run handed it out already (a timeout that this
-run gave up on is retried by the next run, not this one).
+while it is running or waiting with known parameters, or when this run handed it out or
+finished it already (a timeout is retried by the next run, not this one).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from optuna.trial import FrozenTrial, TrialState
 from advisor.search.objective import REPEATABLE  # failures the same plan meets again
 from advisor.search.space import BucketSpace, neighbour_params, plan_key
 
+CLIMB_ATTR = "climb_params"  # system attr: the parameters a climb trial was handed
+
 
 class ClimbSampler(optuna.samplers.BaseSampler):
     """`base` (TPE) for everything but the parameters of a climb trial."""
@@ -37,7 +39,7 @@ class ClimbSampler(optuna.samplers.BaseSampler):
         self._space = space
         self._lock = threading.Lock()            # --workers K: K threads ask at once
         self._climbing: dict[int, dict[str, Any]] = {}  # trial number -> its parameters
-        self._given: set[str] = set()             # plan keys handed out by this run
+        self._given: set[str] = set()             # plan keys handed out or finished by this run
 
     # -- the climb ----------------------------------------------------------------------
 
@@ -46,9 +48,14 @@ class ClimbSampler(optuna.samplers.BaseSampler):
         for t in trials:
             if t.state == TrialState.FAIL and t.user_attrs.get("failure") not in REPEATABLE:
                 continue
-            if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING,
-                           TrialState.WAITING):
-                keys.add(plan_key(t.params or t.system_attrs.get("fixed_params", {}), self._space))
+            if t.state in (TrialState.COMPLETE, TrialState.FAIL):
+                params = t.params
+            else:  # running or waiting: the parameters it was given; a sampled trial's are
+                # not known until it has suggested them all (the asking trial has none yet)
+                params = t.system_attrs.get("fixed_params") or t.system_attrs.get(CLIMB_ATTR)
+                if params is None:
+                    continue
+            keys.add(plan_key(params, self._space))
         return keys
 
     def next_climb(self, trials: list[FrozenTrial]) -> tuple[int, dict[str, Any]] | None:
@@ -78,6 +85,8 @@ class ClimbSampler(optuna.samplers.BaseSampler):
             self._climbing[trial.number] = params
             self._given.add(plan_key(params, self._space))
         study._storage.set_trial_user_attr(trial._trial_id, "climb_of", of)
+        # another process on the same journal sees what this running trial will measure
+        study._storage.set_trial_system_attr(trial._trial_id, CLIMB_ATTR, params)
 
     def infer_relative_search_space(self, study: optuna.Study,
                                     trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -99,6 +108,8 @@ class ClimbSampler(optuna.samplers.BaseSampler):
     def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
                     values: Any) -> None:
         self._climbing.pop(trial.number, None)
+        with self._lock:  # whoever proposed it (a seed, TPE), this run does not try it again
+            self._given.add(plan_key(trial.params, self._space))
         self._base.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:

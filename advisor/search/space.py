@@ -139,7 +139,7 @@ def neighbour_params(space: BucketSpace, params: dict[str, Any]) -> list[dict[st
     """Trial parameters one switch away from `params` (a measured plan's): each family the
     plan lacks turned on with its default config, largest predicted saving first; then each
     family it has turned off, smallest predicted saving first; then each plan-wide flag
-    flipped. The study measures these after its seeds (`search.study.climber`): with a
+    flipped. The study measures these after its seeds (`search.climb.ClimbSampler`): with a
     budget of ~10 trials a bucket, TPE's random start had not once tried the best seed plus
     one GEMM family at 512 tokens (H100, session 27 run D)."""
     plan = plan_from_params(params, space)
