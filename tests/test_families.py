@@ -99,3 +99,23 @@ def test_eager_attention_reading_a_merged_projections_column_block(family, extra
         assert max_violation(fast(**_ids(t)).logits, ref, tolerance(torch.float32, model=True)) <= 0
     applied = {r["family"] for r in fast.summary() if r.get("applied")}
     assert applied & {"qkv_merge", "rms_norm_linear", "add_rms_norm_linear"}, applied  # column blocks
+
+
+def test_mqa_repeat_kv_from_one_kv_head_is_read_before_the_repeat():
+    # From one kv head (MQA: Gemma-2B) repeat_kv's view of the expand needs no copy, so the
+    # trace has no clone in it; the attention must still read k and v before the repeat and
+    # fold RoPE in, as it does for GQA: the same launches as with two kv heads.
+    launches = {}
+    for kv in (2, 1):
+        config = transformers.LlamaConfig(**{**_DECODER, "num_key_value_heads": kv})
+        config._attn_implementation = "sdpa"
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(config).eval()
+        refs = {t: model(**_ids(t)).logits for t in (1, 5)}
+        fast = apply(model, ALL_FUSIONS)
+        for t, ref in refs.items():
+            assert max_violation(fast(**_ids(t)).logits, ref, tolerance(torch.float32, model=True)) <= 0
+        rows = fast.summary()
+        assert "attention_rope" in {r["family"] for r in rows if r.get("applied")}, (kv, rows)
+        launches[kv] = next(r for r in rows if r["family"] == "(all)")["launches_after"]
+    assert launches[1] == launches[2], launches

@@ -116,7 +116,7 @@ def read_marked_masks(gm: fx.GraphModule, kept: Callable[[Any], bool] = _memo_ou
 
 def _kv_before_repeat(node: fx.Node) -> int:
     """Give `node` GQA's k and v before repeat_kv (graph/patterns/attention.py `unrepeat_kv`:
-    expand + clone + view, a copy of each to every q head); returns the group (1: as is)."""
+    expand (+ clone) + view, a copy of each to every q head); returns the group (1: as is)."""
     a = sdpa_args(node)
     (k, k_chain), (v, v_chain) = unrepeat_kv(a["key"]), unrepeat_kv(a["value"])
     tq, tk, tv = fake(a["query"]), fake(k), fake(v)

@@ -115,24 +115,38 @@ def _full_slice(node: Any) -> bool:
 
 def unrepeat_kv(node: Any) -> tuple[Any, list[fx.Node]]:
     """GQA's repeat_kv, as traced: view(clone(expand(unsqueeze(x, 2), (B, Hkv, n, T, D))),
-    (B, Hkv·n, T, D)), with no-op slices anywhere below the clone. Returns (x, chain
-    nodes), or (node, []) when not repeated."""
+    (B, Hkv·n, T, D)), with no-op slices anywhere below the clone. From one kv head (MQA,
+    e.g. Gemma-2B) the view of the expand needs no copy and the clone is not there.
+    Returns (x, chain nodes), or (node, []) when not repeated."""
     chain, cur = [], node
     for ops in ((aten.view.default, aten._unsafe_view.default), (aten.clone.default,),
                 (aten.expand.default,), (aten.unsqueeze.default,)):
         while chain and _full_slice(cur):
             chain.append(cur)
             cur = cur.args[0]
+        if ops == (aten.clone.default,) and is_op(cur, aten.expand.default):
+            continue  # no copy: the view reads the expand (one kv head)
         if not is_op(cur, *ops) or (chain and len(cur.users) != 1):
             return node, []
         chain.append(cur)
         cur = cur.args[0]
-    if chain[-1].args[1] != 2:  # unsqueeze(x, 2)
+    if chain[-1].args[1] != 2 or not _merges_heads(chain[0], chain[-1]):  # unsqueeze(x, 2)
         return node, []
     while _full_slice(cur):
         chain.append(cur)
         cur = cur.args[0]
     return cur, chain
+
+
+def _merges_heads(view: fx.Node, unsqueeze: fx.Node) -> bool:
+    """The view makes (B, Hkv·n, T, D) of the (B, Hkv, n, T, D) expand: each kv head's n
+    copies side by side, as repeat_kv lays them out (unknown shapes: trusted, as before)."""
+    out, src = fake(view), fake(unsqueeze.args[0])
+    if out is None or src is None or out.dim() != 4 or src.dim() != 4:
+        return out is None or src is None
+    b, hkv, t, d = (hint(s) for s in src.shape)
+    ob, oh, ot, od = (hint(s) for s in out.shape)
+    return (ob, ot, od) == (b, t, d) and hkv > 0 and oh % hkv == 0
 
 
 # Ops that keep a tensor's elements in order and only add, drop or broadcast size-1 dims
