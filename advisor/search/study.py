@@ -13,8 +13,8 @@ length = that value):
    and machines sharing it) until the study holds `--trials` finished trials or the bucket's
    share of `--time-budget` is spent (a trial running then gets a short grace): the seeds,
    then the fastest plan's untried neighbours — one family or flag switched, climbing
-   from each win (`climb.ClimbSampler`) — then TPE's samples. A plan that was already measured is not built
-   again: the trial repeats its outcome;
+   from each win (`climb.ClimbSampler`) — then TPE's samples. A plan that was already
+   measured is not built again: the trial repeats its outcome;
 3. the top plans and the unfused model are re-timed together in one worker, alone (K
    workers on one GPU disturb each other's timings), and the bucket's plan is chosen with a
    deterministic tie-break: among plans within 1% of the fastest, the fewest fusions, then

@@ -130,7 +130,7 @@ def unrepeat_kv(node: Any) -> tuple[Any, list[fx.Node]]:
             return node, []
         chain.append(cur)
         cur = cur.args[0]
-    if chain[-1].args[1] != 2 or not _merges_heads(chain[0], chain[-1]):  # unsqueeze(x, 2)
+    if chain[-1].args[1] != 2 or not _merges_heads(chain):  # unsqueeze(x, 2)
         return node, []
     while _full_slice(cur):
         chain.append(cur)
@@ -138,15 +138,17 @@ def unrepeat_kv(node: Any) -> tuple[Any, list[fx.Node]]:
     return cur, chain
 
 
-def _merges_heads(view: fx.Node, unsqueeze: fx.Node) -> bool:
-    """The view makes (B, Hkv·n, T, D) of the (B, Hkv, n, T, D) expand: each kv head's n
-    copies side by side, as repeat_kv lays them out (unknown shapes: trusted, as before)."""
-    out, src = fake(view), fake(unsqueeze.args[0])
-    if out is None or src is None or out.dim() != 4 or src.dim() != 4:
-        return out is None or src is None
-    b, hkv, t, d = (hint(s) for s in src.shape)
-    ob, oh, ot, od = (hint(s) for s in out.shape)
-    return (ob, ot, od) == (b, t, d) and hkv > 0 and oh % hkv == 0
+def _merges_heads(chain: list[fx.Node]) -> bool:
+    """The chain's view makes (B, Hkv·n, T, D) of its (B, Hkv, n, T, D) expand: each kv
+    head's n copies side by side, as repeat_kv lays them out (unknown shapes: trusted)."""
+    expand = next(n for n in chain if is_op(n, aten.expand.default))
+    out, big = fake(chain[0]), fake(expand)
+    if out is None or big is None:
+        return True
+    if out.dim() != 4 or big.dim() != 5:
+        return False
+    b, hkv, n, t, d = (hint(s) for s in big.shape)
+    return tuple(hint(s) for s in out.shape) == (b, hkv * n, t, d)
 
 
 # Ops that keep a tensor's elements in order and only add, drop or broadcast size-1 dims
