@@ -26,13 +26,10 @@ import torch
 from advisor.env import environment
 from advisor.kernels.registry import all_kernels
 from advisor.kernels.space import encode
+from advisor.loader import first_tensor
 
 KERNELS = ("gemm_epilogue", "gemm_swiglu", "gemm_rmsnorm", "gated_linear", "rmsnorm_swiglu")
 ROWS = (2, 10, 22, 64, 300)  # GEMV (<= 4), small tensor-core tiles, pointer / TMA tiles
-
-
-def _first(out):
-    return out[0] if isinstance(out, (tuple, list)) else out
 
 
 def _as64(t):
@@ -52,14 +49,14 @@ def probe(name: str, dims: dict, configs_per_kernel: int, device: torch.device) 
     as64 = [_as64(t) for t in inputs]
     # `unfused` computes in its inputs' dtype (what eager runs); `reference` upcasts to fp32
     eagerly = spec.unfused or spec.reference
-    truth = _first(eagerly(*as64)).double()
-    eager = _err(_first(eagerly(*inputs)), truth)
+    truth = first_tensor(eagerly(*as64)).double()
+    eager = _err(first_tensor(eagerly(*inputs)), truth)
     problem = spec.problem(*inputs)
     rows = []
     configs = [None, *spec.space.configs(problem)[:configs_per_kernel]]
     for cfg in configs:
         try:
-            out = _first(spec.launch(*inputs, config=cfg))
+            out = first_tensor(spec.launch(*inputs, config=cfg))
             if device.type == "cuda":
                 torch.cuda.synchronize()
             rows.append({"kernel": name, "dims": dims, "config": encode(cfg) if cfg else "default",
