@@ -224,6 +224,23 @@ def test_more_accurate_kernel_is_accepted_less_accurate_is_not():
     assert not _as_accurate((torch.tensor([float("nan"), -2.0, 0.0]),), eager, truth)
 
 
+def test_fp32_summation_order_is_not_a_mismatch_but_a_wrong_kernel_still_is():
+    """fp32 sites: our FMA GEMMs sum in another order than cuBLAS and land a few times
+    further from float64 (H100: ~1e-6 against ~2e-7 relative), far below anything a model
+    can notice; they were refused on the GPU. A kernel 1e-3 off (tf32-sized) still is."""
+    from advisor.runtime.rewrite import _as_accurate
+
+    gen = torch.Generator().manual_seed(0)
+    truth = (torch.randn(64, 96, generator=gen, dtype=torch.float64) * 8,)
+    scale = float(truth[0].abs().max())
+    eager = (truth[0].float(),)                                   # one rounding
+    noise = torch.randn(64, 96, generator=gen, dtype=torch.float64)
+    reordered = ((truth[0] + noise.sign() * 20 * 1.2e-7 * scale).float(),)
+    tf32ish = ((truth[0] * (1 + 1e-3 * noise.sign())).float(),)
+    assert _as_accurate(reordered, eager, truth)
+    assert not _as_accurate(tf32ish, eager, truth)
+
+
 def test_linear_bias_act_folds_the_mlp_activation_into_the_gemm_epilogue():
     """GPT-NeoX's MLP is gelu(x·Wᵀ + b): one gemm_epilogue per layer, viewed back to
     (B, T, N) with the captured (symbolic) sizes — two lengths, one compile."""
