@@ -37,6 +37,8 @@
 #   order   profile_prefill.py at PROFILE_TOKENS (512) twice: advisor first, then compile first
 #   otherplans  OTHER (a recipe tuned on another card) re-stamped with this device's
 #           environment, benched without compile baselines (beside a `bench` of RECIPE)
+#   plans   each of PLANS (plan or recipe files) benched at BENCH_SHAPES (128,512), no compile
+#           baselines -> $OUT/bench-<name>.json
 #   probetiming  benchmarks/probe_timing.py at PROBE_TOKENS (1): the probe's sites of PROBE_FAMILIES
 #           timed interleaved / sequential / from cold / reversed / with RECIPE's configs; then
 #           the kernels per forward (CUDA graph, no compile) of the unfused model and of
@@ -201,6 +203,12 @@ r = json.load(open(sys.argv[1])); r['environment'] = {k: v for k, v in environme
     --shapes ${BENCH_SHAPES:-1,128,512,2048} --compile none --json "$OUT/bench-other-plans.json" \
     > "$OUT/bench-other-plans.log" 2>&1
   echo "other plans rc=$?"; tail -12 "$OUT/bench-other-plans.log" ;;
+plans)  # each plan or recipe in PLANS benched at BENCH_SHAPES, no compile baselines: plans
+  # side by side in one command (put the recipe they should beat first)
+  for p in $PLANS; do n=$(basename "$p" .json)
+    timeout ${PLAN_S:-120} python3 -m advisor.cli bench $model --recipe "$p" --shapes ${BENCH_SHAPES:-128,512} \
+      --compile none --no-truth --json "$OUT/bench-$n.json" > "$OUT/bench-$n.log" 2>&1
+    echo "$n rc=$?"; tail -6 "$OUT/bench-$n.log"; done ;;
 probetiming)  # does the probe's timing method (or its default config) move a site's saving?
   fams=${PROBE_FAMILIES:-linear_residual,add_rms_norm_swiglu,add_rms_norm_linear}
   timeout ${PROBE_S:-200} python3 benchmarks/probe_timing.py --recipe "$RECIPE" --tokens ${PROBE_TOKENS:-1} \
