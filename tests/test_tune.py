@@ -469,6 +469,66 @@ def test_neighbours_switch_one_family_or_flag():
     assert best not in neighbour_params(space, best)
 
 
+def test_neighbours_change_what_runs_not_only_the_parameters():
+    """A family the plan lists but that applied at no site is not switched off (nothing
+    would change), and a family whose every site a family of the plan takes first is
+    switched on with that one off (H100, session 28: light + linear_residual was the light
+    plan; add_rms_norm takes the residual add first)."""
+    from advisor.search.space import neighbour_params
+
+    space = BucketSpace(512, 128, (
+        FamilySpace("rms_norm", "rms_norm", 2, 0.05),
+        FamilySpace("add_rms_norm", "add_rms_norm", 16, 0.10,
+                    preempted_by=((("add_rms_norm_linear",), 16),)),
+        FamilySpace("add_rms_norm_linear", "rmsnorm_linear", 16, 0.30, preempted_by=(((), 16),)),
+        FamilySpace("linear_residual", "gemm_epilogue", 16, 0.20,
+                    preempted_by=((("add_rms_norm",), 8), (("add_rms_norm", "gated_act_linear"), 8))),
+        FamilySpace("rope", "rope", 8, 0.01)))
+    light = {"rms_norm": True, "add_rms_norm": True, "add_rms_norm_linear": False,
+             "linear_residual": False, "rope": True}
+    got = [plan_from_params(p, space).fusions for p in neighbour_params(space, light)]
+    assert got == [("add_rms_norm_linear", "rms_norm", "add_rms_norm", "rope"),  # takes the norms: plain
+                   ("rms_norm", "linear_residual", "rope"),   # the adds' taker goes
+                   ("rms_norm", "add_rms_norm"),              # then the usual offs
+                   ("add_rms_norm", "rope"), ("rms_norm", "rope")]
+    # Where the trial recorded what applied, a family that applied nowhere stays as it is,
+    # and one that did not apply takes no site from linear_residual either.
+    applied = {"add_rms_norm": 16, "rope": 8}
+    got = [plan_from_params(p, space).fusions for p in neighbour_params(space, light, applied)]
+    assert ("add_rms_norm", "rope") not in got and ("rms_norm", "add_rms_norm") in got
+    # Not recorded (a space from before): every family on is offered plain.
+    old = replace(space, families=tuple(replace(f, preempted_by=()) for f in space.families))
+    got = [plan_from_params(p, old).fusions for p in neighbour_params(old, light)]
+    assert ("rms_norm", "add_rms_norm", "linear_residual", "rope") in got
+    assert BucketSpace.from_json(space.to_json()) == space
+
+
+def test_recorded_preemption_is_what_the_rewrite_does():
+    """describe_bucket's record of which family takes a site first, on a tiny Llama,
+    against what apply() does with both families on."""
+    from advisor.analyze import costs_from
+    from advisor.profile import load_or_measure
+    from advisor.search.space import blockers, describe_bucket
+    from tests.hf_models import ids, tiny_hf
+
+    model = tiny_hf("Llama")
+    space = describe_bucket(model, ids(8), costs_from(load_or_measure(torch.device("cpu"))),
+                            8, 0, False)
+    fam = {f.family: f for f in space.families}
+    light = ("rms_norm", "add_rms_norm", "gated_act", "rope")
+    assert blockers(fam["linear_residual"], light) == {"add_rms_norm"}
+    assert blockers(fam["linear_residual"], ("rms_norm", "gated_act", "rope")) == set()
+    assert blockers(fam["add_rms_norm_linear"], light) == set()
+
+    def sites(plan):
+        fast = apply(model, Plan(plan))
+        fast(**ids(8))  # rewritten at the first call
+        rows = fast.summary()
+        return {r["family"]: r["applied"] for r in rows if r["family"] != "(all)"}
+    assert sites((*light, "linear_residual"))["linear_residual"] == 0
+    assert sites(("rms_norm", "gated_act", "rope", "linear_residual"))["linear_residual"] == 4
+
+
 def _climb_space():
     return BucketSpace(512, 128, tuple(FamilySpace(f, f, 1, s) for f, s in
                                        (("rms_norm", 0.3), ("gated_act", 0.2), ("rope", 0.1),
@@ -570,6 +630,13 @@ def test_climb_counts_a_plan_in_any_spelling_and_retries_what_may_pass_now():
     mismatch = trial({"rms_norm_linear": True, "rms_norm_linear.config": listed, "rope": True},
                      failure="mismatch")
     assert sampler.next_climb([best, mismatch, off]) is None
+    # The best trial's record of what applied is read: rms_norm_linear applied nowhere, so
+    # switching it off is no neighbour (only rope on, tried already, is left).
+    idle = optuna.trial.create_trial(
+        params=best.params, distributions=best.distributions, value=1.0,
+        user_attrs={**best.user_attrs, "applied_families": {}})
+    assert sampler.next_climb([idle, again]) is None
+    assert sampler.next_climb([best, again])[1] == {"rms_norm_linear": False, "rope": False}
     # The objective repeats an outcome across spellings too (not building the plan again).
     study = optuna.create_study()
     study.add_trial(best)

@@ -6,8 +6,9 @@ samples are random (its startup), and on the H100 (session 27 run D) none of the
 best seed plan with one GEMM family added at 128 / 512 tokens: the plan an engineer would
 try next. Here every trial that is not an enqueued one (a seed, a retry) asks the climb
 first: the fastest completed plan's neighbours (`space.neighbour_params`: one family on or
-off, one flag flipped), in order, skipping any plan already tried; each win is climbed from
-at once. Nothing is enqueued: a run that ends leaves no trial waiting for the next one.
+off, one flag flipped, none that would leave what runs as it was), in order, skipping any
+plan already tried; each win is climbed from at once. Nothing is enqueued: a run that ends
+leaves no trial waiting for the next one.
 
 "Tried" compares plans, not parameter spellings (`space.canonical_config`): a journal
 from before an axis existed stores its configs without it. A trial counts as tried when it
@@ -66,7 +67,7 @@ class ClimbSampler(optuna.samplers.BaseSampler):
             return None
         best = min(done, key=lambda t: (t.value, t.number))
         tried = self._tried(trials)
-        for params in neighbour_params(self._space, best.params):
+        for params in neighbour_params(self._space, best.params, best.user_attrs.get("applied_families")):
             if plan_key(params, self._space) not in tried:
                 return best.number, params
         return None

@@ -21,7 +21,8 @@ plain data and runs anywhere.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -37,6 +38,10 @@ class FamilySpace:
     sites: int
     predicted_saving_ms: float
     configs: tuple[str, ...] = (DEFAULT_CONFIG,)   # encoded configs; "" first
+    # Its sites grouped by the other families that take them first when both are on (a
+    # site of theirs earlier in the rewrite's order holds one of its nodes), with the
+    # count: (("add_rms_norm",), 16) for linear_residual in a Llama. () = not recorded.
+    preempted_by: tuple[tuple[tuple[str, ...], int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,10 @@ class BucketSpace:
 
     @staticmethod
     def from_json(obj: dict[str, Any]) -> BucketSpace:
-        fams = tuple(FamilySpace(**{**f, "configs": tuple(f["configs"])}) for f in obj["families"])
+        fams = tuple(FamilySpace(**{
+            **f, "configs": tuple(f["configs"]),
+            "preempted_by": tuple((tuple(by), n) for by, n in f.get("preempted_by", ()))})
+            for f in obj["families"])
         return BucketSpace(obj["length"], obj["lower"], fams, obj["cuda_graph"], obj.get("pdl", False))
 
 
@@ -135,20 +143,40 @@ def plan_params(plan: Plan, space: BucketSpace) -> dict[str, Any]:
     return params
 
 
-def neighbour_params(space: BucketSpace, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """Trial parameters one switch away from `params` (a measured plan's): each family the
-    plan lacks turned on with its default config, largest predicted saving first; then each
-    family it has turned off, smallest predicted saving first; then each plan-wide flag
-    flipped. The study measures these after its seeds (`search.climb.ClimbSampler`): with a
-    budget of ~10 trials a bucket, TPE's random start had not once tried the best seed plus
-    one GEMM family at 512 tokens (H100, session 27 run D)."""
+def blockers(family: FamilySpace, on: Collection[str]) -> set[str]:
+    """The families of `on` that would take every site of `family` first (the rewrite's
+    first round: its later rounds match the graph as these left it, where `family`'s
+    pattern is gone), or an empty set when some site would be its own."""
+    if not family.preempted_by or any(not set(by) & set(on) for by, _ in family.preempted_by):
+        return set()
+    return {f for by, _ in family.preempted_by for f in by if f in on}
+
+
+def neighbour_params(space: BucketSpace, params: dict[str, Any],
+                     applied: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+    """Trial parameters one switch away from `params` (a measured plan's; `applied`: its
+    sites per family where the trial recorded them): each family the plan lacks turned on
+    with its default config, largest predicted saving first; then each family it has turned
+    off, smallest predicted saving first; then each plan-wide flag flipped. The study
+    measures these after its seeds (`search.climb.ClimbSampler`): with a budget of ~10
+    trials a bucket, TPE's random start had not once tried the best seed plus one GEMM
+    family at 512 tokens (H100, session 27 run D).
+
+    A switch that changes nothing is not offered: a family that applied at no site is not
+    turned off, and a family whose every site another family of the plan takes first is
+    turned on with those turned off instead. On the H100 (session 28 run B) the light plan
+    + linear_residual was the light plan: add_rms_norm takes the residual add first."""
     plan = plan_from_params(params, space)
+    live = set(plan.fusions) if applied is None else {f for f in plan.fusions if applied.get(f, 0)}
     by_saving = sorted(space.families, key=lambda f: -f.predicted_saving_ms)
-    plans = [replace(plan, fusions=(*plan.fusions, f.family))
+
+    def without(p: Plan, off: Collection[str]) -> Plan:
+        return replace(p, fusions=tuple(x for x in p.fusions if x not in off),
+                       configs={k: v for k, v in p.configs.items() if k not in off})
+
+    plans = [without(replace(plan, fusions=(*plan.fusions, f.family)), blockers(f, live))
              for f in by_saving if f.family not in plan.fusions]
-    plans += [replace(plan, fusions=tuple(x for x in plan.fusions if x != f.family),
-                      configs={k: v for k, v in plan.configs.items() if k != f.family})
-              for f in reversed(by_saving) if f.family in plan.fusions]
+    plans += [without(plan, {f.family}) for f in reversed(by_saving) if f.family in live]
     plans += [replace(plan, **{flag: not getattr(plan, flag)}) for flag in space.flags()]
     out: list[dict[str, Any]] = []
     for p in plans:
@@ -267,12 +295,31 @@ def describe_bucket(model: Any, inputs: Any, costs: Any, length: int, lower: int
     from advisor.graph.capture import capture
 
     matches = matches_of(capture(model, inputs))
+    preempted = preemptions(matches)
     fams = []
     for c in candidates(matches, costs):
         if not c.applicable or c.family not in FAMILIES:
             continue
         mine = [m for m in matches if m.family == c.family]
         fams.append(FamilySpace(c.family, str(c.kernel), c.count, float(c.predicted_saving_ms),
-                                family_configs(FAMILIES[c.family], mine)))
+                                family_configs(FAMILIES[c.family], mine),
+                                preempted.get(c.family, ())))
     fams.sort(key=lambda f: list(FAMILIES).index(f.family))
     return BucketSpace(length, lower, tuple(fams), cuda_graph=cuda, pdl=pdl)
+
+
+def preemptions(matches: Sequence[Any]) -> dict[str, tuple[tuple[tuple[str, ...], int], ...]]:
+    """family -> its sites grouped by the other families with a site earlier in `matches`
+    (the rewrite takes a round's sites in this order) that holds one of its own nodes;
+    sites without a kernel never apply and take nothing."""
+    first: dict[Any, list[int]] = {}  # node -> indices of the sites that hold it, in order
+    groups: dict[str, Counter] = {}
+    for i, m in enumerate(matches):
+        if m.kernel is None:
+            continue
+        own = set(m.nodes) - set(m.shared)
+        by = {matches[j].family for n in own for j in first.get(n, ()) if matches[j].family != m.family}
+        groups.setdefault(m.family, Counter())[tuple(sorted(by))] += 1
+        for n in own:
+            first.setdefault(n, []).append(i)
+    return {f: tuple(sorted(c.items())) for f, c in groups.items()}
