@@ -34,10 +34,10 @@ def _cfg(bm, bn, splits=1, w=4, stages=2):
 
 
 def _check(q, k, v, cos=None, sin=None, mask=None, causal=False, interleaved=False,
-           config=None, scale=None, q_pos=None):
+           config=None, scale=None, q_pos=None, softcap=0.0):
     out = attn.launch_attention(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos,
-                                config=config)
-    ref = attn.reference(q, k, v, cos, sin, causal, scale, mask, None, interleaved, q_pos)
+                                softcap, config=config)
+    ref = attn.reference(q, k, v, cos, sin, causal, scale, mask, None, interleaved, q_pos, softcap)
     assert out.is_contiguous() and out.dtype == q.dtype and out.shape == q.shape
     assert_close(out, ref)
     return out
@@ -289,10 +289,10 @@ def test_custom_op_and_compile(monkeypatch):
     q, k, v = _qkv(1, 4, 2, 17, 17, 16, torch.bfloat16, gen)
     cos, sin = rope.rope_tables(torch.arange(17), 16, True, torch.bfloat16)
     mask = randn_nonzero((1, 1, 17, 17), torch.bfloat16, CPU, gen)
-    out = torch.ops.advisor.attention(q, k, v, None, None, None, True, 0.25, False, None, "")
+    out = torch.ops.advisor.attention(q, k, v, None, None, None, True, 0.25, False, None, 0.0, "")
     assert_close(out, attn.reference(q, k, v, causal=True, scale=0.25))
     cfg = "BLOCK_M=32,BLOCK_N=16,SPLITS=1,num_stages=2,num_warps=4"
-    fn = torch.compile(lambda *a: torch.ops.advisor.attention(*a, False, 0.25, True, None, cfg),
+    fn = torch.compile(lambda *a: torch.ops.advisor.attention(*a, False, 0.25, True, None, 0.0, cfg),
                        backend="eager", fullgraph=True)
     assert_close(fn(q, k, v, cos, sin, mask),
                  attn.reference(q, k, v, cos, sin, False, 0.25, mask, True, True))
@@ -329,7 +329,7 @@ def test_rejects_bad_input():
     with pytest.raises(KernelInputError, match="head dim"):
         attn.launch_attention(wide, wide, wide)
     assert torch.ops.advisor.attention(wide, wide, wide, None, None, None, False, 1.0, False,
-                                       None, "").shape == wide.shape  # falls back to the reference
+                                       None, 0.0, "").shape == wide.shape  # falls back to the reference
 
 
 def test_empty():
@@ -511,3 +511,44 @@ def test_a_tma_config_without_descriptors_reads_64_key_tiles(monkeypatch):
     monkeypatch.setattr(attn, "_attn_kernel", Spy())
     _check(q, k, v, causal=True, config=cfg)
     assert seen == [(False, 64)]
+
+
+def test_softcap_reference_is_gemma2s_eager_attention():
+    """reference(softcap=c) is transformers' Gemma 2 eager form: scores · scale, then
+    c·tanh(s / c), then the mask, softmax in fp32; and `unfused` (the benchmark baseline,
+    SDPA has no softcap) agrees."""
+    gen = _gen(3)
+    q, k, v = _qkv(2, 4, 2, 9, 9, 16, torch.float32, gen)
+    mask = torch.zeros(2, 1, 9, 9).masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), float("-inf"))
+    s = q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.9
+    s = torch.tanh(s / 1.5) * 1.5 + mask
+    want = torch.softmax(s, -1) @ v.repeat_interleave(2, 1)
+    assert_close(attn.reference(q, k, v, scale=0.9, mask=mask, softcap=1.5), want)
+    assert_close(attn.unfused(q, k, v, None, None, mask, False, 0.9, False, None, 1.5), want)
+    assert_close(attn.unfused(q, k, v, None, None, None, True, 0.9, False, None, 1.5),
+                 attn.reference(q, k, v, causal=True, scale=0.9, softcap=1.5))
+    # the cap is doing something at these sizes
+    assert (attn.reference(q, k, v, scale=0.9, mask=mask) - want).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softcap_kernel_prefill_and_decode(dtype):
+    """The capped scores in every path: masked and unmasked blocks, causal, an additive
+    mask, split keys (decode), scores large enough that tanh saturates (±cap)."""
+    gen = _gen(4)
+    q, k, v = _qkv(2, 4, 2, 21, 21, 32, dtype, gen)
+    mask = torch.zeros(2, 1, 21, 21, dtype=dtype).masked_fill(
+        torch.arange(21)[None, None, None, :] < 3 * torch.arange(2)[:, None, None, None], float("-inf"))
+    for cfg in (_cfg(16, 16), _cfg(32, 16, stages=1)):
+        _check(q, k, v, causal=True, config=cfg, scale=2.0, softcap=3.0)
+        _check(q, k, v, mask=mask, config=cfg, scale=0.5, softcap=0.7)
+    q1 = q[:, :, :1]
+    _check(q1, k, v, config=_cfg(16, 16, splits=2), scale=4.0, softcap=2.0)
+    _check(q1, k, v, mask=mask[:, :, :1], config=_cfg(16, 16, splits=1), scale=4.0, softcap=2.0)
+
+
+def test_softcap_must_be_finite_and_not_negative():
+    q, k, v = _qkv(1, 2, 1, 3, 3, 16, torch.float32, _gen())
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(KernelInputError, match="softcap"):
+            attn.launch_attention(q, k, v, softcap=bad)

@@ -81,9 +81,10 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 def reference(q, k, v, cos=None, sin=None, causal: bool = False, scale: float | None = None,
               mask=None, rope: bool | None = None, interleaved: bool = False,
-              q_pos=None) -> torch.Tensor:
-    """softmax(q·kᵀ·scale + mask [+ causal] [+ keys past q_pos]) · v in fp32, cast to
-    q.dtype; rows with every key masked give 0. RoPE (`rope`, default: cos given) is
+              q_pos=None, softcap: float = 0.0) -> torch.Tensor:
+    """softmax(cap(q·kᵀ·scale) + mask [+ causal] [+ keys past q_pos]) · v in fp32, cast to
+    q.dtype, where cap(s) = softcap·tanh(s / softcap) when softcap > 0 (Gemma 2's logit
+    soft-capping) and s otherwise; rows with every key masked give 0. RoPE (`rope`, default: cos given) is
     `advisor.kernels.rope.reference` (rotated q, k rounded to q.dtype, as HF does before
     attention).
 
@@ -101,6 +102,8 @@ def reference(q, k, v, cos=None, sin=None, causal: bool = False, scale: float | 
     vf = v.float().repeat_interleave(group, dim=1)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     s = q.float() @ kf.transpose(-1, -2) * scale  # (B, Hq, Tq, Tk)
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
     if mask is not None:
         s = s + mask.float()
     if causal:
@@ -127,16 +130,21 @@ def position_keep(q_pos, tq: int, tk: int) -> torch.Tensor:
     return (keys <= q_pos.reshape(-1, tq)[..., None])[:, None]
 
 
-def reference_op(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos=None) -> torch.Tensor:
+def reference_op(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos=None,
+                 softcap: float = 0.0) -> torch.Tensor:
     """`reference` in the custom op's argument order (the KernelSpec tuple)."""
-    return reference(q, k, v, cos, sin, causal, scale, mask, cos is not None, interleaved, q_pos)
+    return reference(q, k, v, cos, sin, causal, scale, mask, cos is not None, interleaved, q_pos,
+                     softcap)
 
 
-def unfused(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos=None) -> torch.Tensor:
+def unfused(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos=None,
+            softcap: float = 0.0) -> torch.Tensor:
     """The eager ops a `transformers` model runs instead: RoPE as separate elementwise ops
     (`rope.unfused`), then `scaled_dot_product_attention` with its best backend (GQA through
     `enable_gqa`, causal through `is_causal` where queries and keys align, else a bottom-right
-    boolean mask). The benchmark's baseline; rows with every key masked give NaN here."""
+    boolean mask); with a softcap, which SDPA has not, the eager matmul → scale → cap → mask
+    → softmax → matmul Gemma 2 runs. The benchmark's baseline; rows with every key masked
+    give NaN here."""
     tq, tk = q.shape[2], k.shape[2]
     if cos is not None:
         if tq == tk:
@@ -155,6 +163,16 @@ def unfused(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos=None) -> 
         else:
             keep = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
             attn_mask = keep if attn_mask is None else attn_mask.masked_fill(~keep, float("-inf"))
+    if softcap:
+        group = q.shape[1] // k.shape[1]
+        k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+        s = torch.tanh(q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+                       / softcap) * softcap
+        if is_causal:
+            attn_mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
+        if attn_mask is not None:
+            s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
+        return torch.softmax(s.float(), -1).to(q.dtype) @ v
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                           scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
@@ -223,8 +241,9 @@ def _dot(a, b, acc, INTERP_BF16: tl.constexpr):
 
 @triton.jit
 def _attend(acc, l_i, m_i, q, k_base, v_base, KD, VD, kd_b, kd_h, cos, sin, mask_base, mask_rows,
-            i, row_ok, pos_i, lo, hi, off, qk_scale, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j, D,
+            i, row_ok, pos_i, lo, hi, off, qk_scale, cap2, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j, D,
             R: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_POS: tl.constexpr,
+            SOFTCAP: tl.constexpr,
             INTERLEAVED: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr,
             EVEN_D: tl.constexpr, INTERP_BF16: tl.constexpr, TMA: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -236,7 +255,9 @@ def _attend(acc, l_i, m_i, q, k_base, v_base, KD, VD, kd_b, kd_h, cos, sin, mask
     >= 0): every score is finite, so no -inf guard, and the row max is taken before
     scaling (max(s)·c = max(s·c) for c >= 0), leaving one FMA per score. TMA (no RoPE on
     load): k and v tiles come by descriptor (KD, VD over (B, Hkv, Tk, D), block
-    (1, 1, BLOCK_N, BLOCK_D), at batch kd_b, kv head kd_h); keys past Tk read 0."""
+    (1, 1, BLOCK_N, BLOCK_D), at batch kd_b, kv head kd_h); keys past Tk read 0. SOFTCAP:
+    scores capped as cap2·tanh(s / cap2) in the log2 domain (cap2 = softcap · log2 e: the
+    same as capping before the change of base), before the mask; never FAST."""
     d = tl.arange(0, BLOCK_D)
     nl = tl.arange(0, BLOCK_N).to(tl.int64)  # key offsets within a block
     k_rows = nl * sk_t  # loop-invariant tile offsets; each block moves only the base
@@ -264,6 +285,8 @@ def _attend(acc, l_i, m_i, q, k_base, v_base, KD, VD, kd_b, kd_h, cos, sin, mask
             alpha = tl.math.exp2(m_i - m_new)
         else:
             s = s * qk_scale
+            if SOFTCAP:  # tanh(y) = 1 - 2 / (e^2y + 1): ±1 where e^2y over/underflows
+                s = cap2 - 2.0 * cap2 / (tl.math.exp2(s * (2.0 / cap2) * LOG2E) + 1.0)
             if HAS_MASK:
                 ok = row_ok[:, None]
                 if MASKED:
@@ -323,6 +346,7 @@ def _attn_kernel(
     TQ, TK, HQ, D, N_ROWS,  # N_ROWS = B·Hq·Tq, rows of out
     GROUP, PACK,  # Hq/Hkv; q heads per program (1 prefill, GROUP decode)
     CHUNK, qk_scale,  # keys per split (multiple of BLOCK_N); softmax scale · log2 e
+    cap2,  # softcap · log2 e (read iff SOFTCAP)
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
     sc_b, sc_t, sm_b, sm_h, sm_i, sm_j,  # table strides (R contiguous); mask strides
     sp_b, sp_t,  # position strides
@@ -330,7 +354,8 @@ def _attn_kernel(
     R_K: tl.constexpr,  # rotary dim of k tiles on load: R, or 0 (k rotated before, or no RoPE)
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_POS: tl.constexpr,
     INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr, INTERP_BF16: tl.constexpr,
-    FINITE: tl.constexpr,  # no additive mask and qk_scale >= 0: unmasked blocks' scores finite
+    FINITE: tl.constexpr,  # no additive mask, no softcap, qk_scale >= 0: the FAST path
+    SOFTCAP: tl.constexpr,  # logits soft-capped (see _attend)
     EVEN_D: tl.constexpr,  # D == BLOCK_D: no head-dim masks
     PREFILL: tl.constexpr,  # grid (B·Hq, cdiv(Tq, BLOCK_M)): heads first, see below
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -391,13 +416,13 @@ def _attn_kernel(
     mask_rows = b * sm_b + head * sm_h + i64 * sm_i
     kd_b, kd_h = b.to(tl.int32), kvh.to(tl.int32)  # descriptor coordinates (TMA)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, KD, VD, kd_b, kd_h, cos, sin, MASK,
-                            mask_rows, i, row_ok, pos_i, lo, full, off, qk_scale, sk_t, sk_d,
-                            sv_t, sv_d, sc_t, sm_j, D, R_K, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED,
-                            False, FINITE, EVEN_D, INTERP_BF16, TMA, BLOCK_N, BLOCK_D)
+                            mask_rows, i, row_ok, pos_i, lo, full, off, qk_scale, cap2, sk_t, sk_d,
+                            sv_t, sv_d, sc_t, sm_j, D, R_K, CAUSAL, HAS_MASK, HAS_POS, SOFTCAP,
+                            INTERLEAVED, False, FINITE, EVEN_D, INTERP_BF16, TMA, BLOCK_N, BLOCK_D)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, KD, VD, kd_b, kd_h, cos, sin, MASK,
-                            mask_rows, i, row_ok, pos_i, full, hi, off, qk_scale, sk_t, sk_d,
-                            sv_t, sv_d, sc_t, sm_j, D, R_K, CAUSAL, HAS_MASK, HAS_POS, INTERLEAVED,
-                            True, False, EVEN_D, INTERP_BF16, TMA, BLOCK_N, BLOCK_D)
+                            mask_rows, i, row_ok, pos_i, full, hi, off, qk_scale, cap2, sk_t, sk_d,
+                            sv_t, sv_d, sc_t, sm_j, D, R_K, CAUSAL, HAS_MASK, HAS_POS, SOFTCAP,
+                            INTERLEAVED, True, False, EVEN_D, INTERP_BF16, TMA, BLOCK_N, BLOCK_D)
 
     d = tl.arange(0, BLOCK_D)
     orow = (b * HQ + head) * TQ + i64  # (BLOCK_M,) row of out
@@ -549,7 +574,7 @@ SPACE = ConfigSpace(
 
 
 def problem(q, k, v, cos=None, sin=None, mask=None, causal=False, scale=None,
-            interleaved=False, q_pos=None) -> Problem:
+            interleaved=False, q_pos=None, softcap=0.0) -> Problem:
     """Shape facts for `SPACE` (custom-op argument order, as the KernelSpec tuple)."""
     b, hq, tq, d = q.shape
     return {"dtype": str(q.dtype), "batch": b, "hq": hq, "hkv": max(k.shape[1], 1), "tq": tq,
@@ -615,18 +640,21 @@ def _positions(q, q_pos) -> torch.Tensor:
     return q_pos.reshape(-1, tq) if tq else q_pos.reshape(1, 0)
 
 
-def _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos=None):
+def _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos=None, softcap=0.0):
     """Check everything; return (config, (cos, sin) as (Bc, Tk, R) or None, mask view or
     None, positions as (B|1, Tq) or None)."""
     _check_qkv(q, k, v)
     tables = _tables(q, k, cos, sin) if cos is not None else None
     m4 = _mask4(q, k, mask) if mask is not None else None
     pos = _positions(q, q_pos) if q_pos is not None else None
+    check(softcap >= 0 and math.isfinite(softcap),
+          f"softcap must be finite and >= 0 (0: none); got {softcap}")
     p = problem(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos)
     return SPACE.resolve(config, p), tables, m4, pos
 
 
-def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=False, pos=None):
+def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=False, pos=None,
+         softcap=0.0):
     """Launch (or only compile: `warmup`) on checked inputs. Returns (out, compiled)."""
     b, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
@@ -659,13 +687,15 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
             tq, tk, hq, d, b * hq * tq, hq // hkv, pack,
             triton.cdiv(triton.cdiv(tk, splits), bn) * bn,  # keys per split, whole blocks
             scale * math.log2(math.e),  # qk_scale: exp(x) = exp2(x · log2 e)
+            float(softcap) * math.log2(math.e),  # cap2
             *q.stride(), *k.stride(), *v.stride(),
             0 if c.shape[0] == 1 else c.stride(0), c.stride(1), *mask_strides, *pos_strides)
     meta = {"R": rot, "R_K": rot_k, "CAUSAL": bool(causal), "HAS_MASK": m4 is not None,
             "HAS_POS": pos is not None,
             "INTERLEAVED": bool(interleaved) and rot > 0, "SPLIT": splits > 1,
             "INTERP_BF16": interpreting() and q.dtype == torch.bfloat16,
-            "FINITE": m4 is None and scale >= 0, "EVEN_D": d == _block_d(d), "PREFILL": prefill,
+            "FINITE": m4 is None and scale >= 0 and not softcap, "SOFTCAP": bool(softcap),
+            "EVEN_D": d == _block_d(d), "PREFILL": prefill,
             "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": bn, "BLOCK_D": _block_d(d),
             "BLOCK_TQ": triton.next_power_of_2(tq) if splits > 1 and pos is not None else 1,
             "TMA": tma, "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
@@ -700,26 +730,28 @@ def _causal_for_mask(q, k, mask, causal) -> tuple[Any, bool]:
 
 def launch_attention(q, k, v, cos=None, sin=None, mask=None, causal: bool = False,
                      scale: float | None = None, interleaved: bool = False, q_pos=None,
-                     config: Mapping[str, int] | None = None) -> torch.Tensor:
+                     softcap: float = 0.0, config: Mapping[str, int] | None = None) -> torch.Tensor:
     """Attention of q (B, Hq, Tq, D) over k, v (B, Hkv, Tk, D); RoPE iff cos is given.
     Returns a new contiguous (B, Hq, Tq, D) tensor (`reference_op` semantics)."""
     mask, causal = _causal_for_mask(q, k, mask, causal)
     k = _rotate_k_once(q, k, cos, sin, interleaved)
-    cfg, tables, m4, pos = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos)
-    return _run(q, k, v, tables, m4, causal, scale, interleaved, cfg, pos=pos)[0]
+    cfg, tables, m4, pos = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config,
+                                    q_pos, softcap)
+    return _run(q, k, v, tables, m4, causal, scale, interleaved, cfg, pos=pos, softcap=softcap)[0]
 
 
 def spills_attention(q, k, v, cos=None, sin=None, mask=None, causal=False, scale=None,
-                     interleaved=False, q_pos=None, config=None) -> int | None:
+                     interleaved=False, q_pos=None, softcap=0.0, config=None) -> int | None:
     """Register spills of the compiled attention kernel; None under the interpreter or off
     CUDA (the combine kernel is tiny and not reported)."""
     if interpreting() or q.device.type != "cuda" or q.numel() == 0 or k.shape[2] == 0:
-        _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos)  # input checks
+        _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos, softcap)  # checks
         return None
     mask, causal = _causal_for_mask(q, k, mask, causal)  # the kernel that would run
     k = _rotate_k_once(q, k, cos, sin, interleaved)
-    cfg, tables, m4, pos = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos)
-    res = resources(_run(q, k, v, tables, m4, causal, scale, interleaved, cfg, True, pos)[1])
+    cfg, tables, m4, pos = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config,
+                                    q_pos, softcap)
+    res = resources(_run(q, k, v, tables, m4, causal, scale, interleaved, cfg, True, pos, softcap)[1])
     return None if res is None else res.n_spills
 
 
@@ -738,23 +770,24 @@ def flops(q, k, *_, causal: bool = False) -> int:  # q_pos bounds: counted as al
 @torch.library.custom_op(
     "advisor::attention", mutates_args=(),
     schema="(Tensor q, Tensor k, Tensor v, Tensor? cos, Tensor? sin, Tensor? mask, bool causal, "
-           "float scale, bool interleaved, Tensor? q_pos, str config) -> Tensor")
-def attention(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, config):
+           "float scale, bool interleaved, Tensor? q_pos, float softcap, str config) -> Tensor")
+def attention(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, softcap, config):
     if triton_can_run(q) and q.dim() == 4 and q.shape[-1] <= MAX_D:
         return launch_attention(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos,
-                                config=decode(config) or None)
-    return reference_op(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos).contiguous()
+                                softcap, config=decode(config) or None)
+    return reference_op(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos,
+                        softcap).contiguous()
 
 
-attention.register_fake(lambda q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, config:
-                        q.new_empty(q.shape))
+attention.register_fake(lambda q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, softcap,
+                        config: q.new_empty(q.shape))
 
 
 # --------------------------------------------------------------------------- registry
 
 
 def make_inputs(dims, dtype, device, generator) -> tuple:
-    """(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos): q/k/v are HF-style
+    """(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, softcap): q/k/v are HF-style
     transposed (B, T, H, D) views; `mask` adds a left-padding mask (batch row b masks its
     first 2·b keys with -inf, so early rows of later batches are fully masked when causal);
     `pos` gives query i of batch b the position Tk - Tq + i - 5·b (a static cache with
@@ -779,7 +812,10 @@ def make_inputs(dims, dtype, device, generator) -> tuple:
     if dims.get("pos", 0):
         rows = torch.arange(tq, device=device)[None, :] - 5 * torch.arange(b, device=device)[:, None]
         q_pos = (tk - tq + rows).clamp(min=-1)  # (B, Tq) int64
-    return q, k, v, cos, sin, mask, bool(dims.get("causal", 0)), d ** -0.5, inter, q_pos
+    # softcap: Gemma 2's 50 would cap nothing at unit scores; 2 caps most of them
+    softcap = float(dims.get("softcap", 0))
+    return q, k, v, cos, sin, mask, bool(dims.get("causal", 0)), d ** -0.5 * dims.get("gain", 1), \
+        inter, q_pos, softcap
 
 
 def _unique_bytes(t: torch.Tensor | None) -> int:
@@ -790,7 +826,7 @@ def _unique_bytes(t: torch.Tensor | None) -> int:
 
 
 def bytes_moved(q, k, v, cos=None, sin=None, mask=None, causal=False, scale=None,
-                interleaved=False, q_pos=None) -> int:
+                interleaved=False, q_pos=None, softcap=0.0) -> int:
     """Read q, k, v, cos, sin, mask once; write out (B, Hq, Tq, D)."""
     tables = _unique_bytes(cos) + _unique_bytes(sin)
     return 2 * _unique_bytes(q) + _unique_bytes(k) + _unique_bytes(v) + tables + _unique_bytes(
@@ -818,7 +854,9 @@ register(KernelSpec(
                 "rope": 1, "mask": 1},
                {"batch": 1, "hq": 3, "hkv": 1, "tq": 21, "tk": 26, "d": 16, "r": 8,
                 "rope": 1, "interleaved": 1},
-               {"batch": 2, "hq": 4, "hkv": 2, "tq": 18, "tk": 30, "d": 16, "pos": 1}),
+               {"batch": 2, "hq": 4, "hkv": 2, "tq": 18, "tk": 30, "d": 16, "pos": 1},
+               {"batch": 2, "hq": 4, "hkv": 2, "tq": 23, "tk": 23, "d": 32, "causal": 1, "mask": 1,
+                "softcap": 2, "gain": 4}),
 ))
 register(KernelSpec(
     name="attention_decode", reference=reference_op, launch=launch_attention, space=SPACE,
@@ -828,5 +866,6 @@ register(KernelSpec(
     test_dims=({"batch": 2, "hq": 4, "hkv": 2, "tq": 1, "tk": 37, "d": 32, "causal": 1},
                {"batch": 2, "hq": 4, "hkv": 2, "tq": 2, "tk": 45, "d": 32, "pos": 1},
                {"batch": 1, "hq": 3, "hkv": 1, "tq": 3, "tk": 29, "d": 16, "rope": 1,
-                "mask": 1}),
+                "mask": 1},
+               {"batch": 2, "hq": 4, "hkv": 2, "tq": 1, "tk": 41, "d": 32, "softcap": 2, "gain": 4}),
 ))

@@ -29,8 +29,8 @@ KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "bias_act": (("x", "bias", "activation"), ("y",)),
     "rope_qk": (("q", "k", "cos", "sin", "interleaved"), ("q", "k")),
     "linear_swiglu": (("x", "weights", "activation"), ("y",)),
-    "attention": (("q", "k", "v", "cos", "sin", "mask", "causal", "scale", "interleaved", "q_pos"),
-                  ("y",)),
+    "attention": (("q", "k", "v", "cos", "sin", "mask", "causal", "scale", "interleaved", "q_pos",
+                   "softcap"), ("y",)),
     "rmsnorm_linear": (("x", "weight", "weights", "eps", "weight_offset"), ("y",)),  # own emitter
     "rmsnorm_swiglu": (("x", "weight", "weights", "eps", "weight_offset", "activation"), ("y",)),
     "gemm_epilogue": (("x", "weight", "bias", "residual", "activation"), ("y",)),  # own emitter

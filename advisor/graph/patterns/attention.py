@@ -293,7 +293,7 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         scale = a.get("scale") or 1.0 / math.sqrt(int(tq.shape[-1]))
         base = (*mask_nodes, *k_chain, *v_chain, node, *items)
         common = {"v": v, "mask": mask, "causal": bool(a.get("is_causal", False)),
-                  "scale": float(scale), "interleaved": False, "q_pos": q_pos}
+                  "scale": float(scale), "interleaved": False, "q_pos": q_pos, "softcap": 0.0}
         if q_pos is not None:  # confirmation draws positions among the keys (rewrite.py)
             common["keys"] = hint(tk.shape[2])
         # the kernel rotates q and k as it loads them: the RoPE's operands are the site's
