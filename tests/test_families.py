@@ -119,3 +119,45 @@ def test_mqa_repeat_kv_from_one_kv_head_is_read_before_the_repeat():
         assert "attention_rope" in {r["family"] for r in rows if r.get("applied")}, (kv, rows)
         launches[kv] = next(r for r in rows if r["family"] == "(all)")["launches_after"]
     assert launches[1] == launches[2], launches
+
+
+def _eager(config_name: str, model_name: str, **kwargs) -> torch.nn.Module:
+    config = getattr(transformers, config_name)(**kwargs)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5) if "norm" in name else p.normal_(0, 0.02)
+    return model
+
+
+@pytest.mark.parametrize("family", ["Llama", "LlamaMHA", "Gemma2"])
+def test_eager_attention_is_fused_as_sdpa_is(family):
+    """Attention written out (transformers' eager_attention_forward: matmul, scale, mask,
+    softmax in fp32, matmul; GQA's repeat_kv) is the same site as SDPA: one kernel with
+    RoPE folded in. Gemma 2 soft-caps its logits (div, tanh, mul) and alternates sliding-
+    window layers, whose masks are just other additive masks; with a cap of 1 nearly every
+    score is capped, so a kernel that left it out would not match."""
+    kwargs = {"Llama": _DECODER, "LlamaMHA": dict(_DECODER, num_key_value_heads=4),
+              "Gemma2": dict(_DECODER, head_dim=16, attn_logit_softcapping=1.0,
+                             final_logit_softcapping=30.0, sliding_window=3,
+                             query_pre_attn_scalar=9)}[family]
+    names = {"Gemma2": ("Gemma2Config", "Gemma2ForCausalLM")}.get(family, ("LlamaConfig", "LlamaForCausalLM"))
+    model = _eager(*names, **kwargs)
+    refs = {t: model(**_ids(t)).logits for t in (1, 6)}
+    fast = apply(model, ALL_FUSIONS)
+    for t, ref in refs.items():
+        assert max_violation(fast(**_ids(t)).logits, ref, tolerance(torch.float32, model=True)) <= 0
+    rows = fast.summary()
+    assert not [r for r in rows if r.get("unfused")], [r for r in rows if r.get("unfused")]
+    # both layers, in the graph of each length (1 token is a graph of its own)
+    assert next(r["applied"] for r in rows if r["family"] == "attention_rope") == 4, rows
+    if family == "Gemma2":
+        from advisor.graph.capture import capture
+        from advisor.graph.patterns import find_all
+
+        part = capture(model, _ids(6)).parts[0]
+        sites = [m for m in find_all(part.gm, part.params) if m.family == "attention_rope"]
+        assert [(m.operands["scale"], m.operands["softcap"]) for m in sites] == [(1 / 3, 1.0)] * 2

@@ -208,6 +208,17 @@ def _emit_prepared_rope(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node,
     return _emit_kernel(graph, dataclasses.replace(m, operands=ops), config, transpose)
 
 
+def _additive_mask(graph: fx.Graph, m: Match) -> Match:
+    """An attention whose scores go through masked_fill(cond, -inf) (nanoGPT's causal
+    buffer): the kernel adds a mask, so cond becomes where(cond, -inf, 0) (fp32, cond's
+    shape, right after cond)."""
+    cond = m.operands["fill_mask"]
+    with graph.inserting_after(cond):
+        mask = new_node(graph, aten.where.Scalar, (cond, float("-inf"), 0.0))
+    ops = {k: v for k, v in m.operands.items() if k != "fill_mask"}
+    return dataclasses.replace(m, operands={**ops, "mask": mask})
+
+
 def _emit_bias_act_addmm(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
     """addmm(b, x, Wᵀ) → view → act  becomes  mm(x, Wᵀ) → view → bias_act(·, b)."""
     addmm, x_view = m.operands["addmm"], m.operands["x_view"]
@@ -401,6 +412,8 @@ def emit(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
         return _emit_gated_linear(graph, m, config)
     if m.kernel == "rope_table":
         return _emit_rope_table(graph, m, config)
+    if m.kernel == "attention" and m.operands.get("fill_mask") is not None:
+        m = _additive_mask(graph, m)
     if m.kernel in ("rope_qk", "attention") and ("pairs" in m.operands or "seq_dim" in m.operands):
         return _emit_prepared_rope(graph, m, config)
     if m.kernel in KERNEL_ARGS:

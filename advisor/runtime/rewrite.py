@@ -110,7 +110,8 @@ class Generators:
 
 def random_like(node: fx.Node, gen: torch.Generator | Generators, slots: int | None = None,
                  keys: int | None = None) -> Any:
-    """A random non-zero tensor shaped like the node's value (a SymInt input: its hint).
+    """A random non-zero tensor shaped like the node's value (a SymInt input: its hint; a
+    bool one: a mask, see below).
     `slots`: the match writes a cache of that many positions, and an integer input is the
     positions it writes: distinct random slots. `keys`: the match attends over that many
     keys, and an integer input is the queries' positions: random in [0, keys], so some keys
@@ -138,6 +139,12 @@ def random_like(node: fx.Node, gen: torch.Generator | Generators, slots: int | N
     if t.dtype.is_complex:  # a complex RoPE table: random (re, im) pairs, viewed as complex
         pairs = _laid_out((*shape, 2), (*(2 * s for s in stride), 1), t.dtype.to_real(), t.device, gen)
         return torch.view_as_complex(pairs)
+    if t.dtype == torch.bool:  # a mask (masked_fill's: True drops a score): about a quarter
+        # True, never the first key of a row, so no row is dropped whole (eager's NaN there)
+        drop = torch.rand(shape, **on).to(t.device) < 0.25
+        if drop.dim():
+            drop[..., 0] = False
+        return drop
     if not t.dtype.is_floating_point:
         raise EmitError(f"operand {node.name} is {t.dtype}; cannot confirm with random values")
     return _laid_out(shape, stride, t.dtype, t.device, gen)

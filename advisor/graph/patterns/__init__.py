@@ -26,12 +26,15 @@
 |   add_rms_norm_swiglu (norm    |                   |                           |
 |   prologue + SwiGLU epilogue)  |                   |                           |
 | attention_rope, attention      | attention.py      | attention.py              |
-|   (SDPA, RoPE folded in; a     |                   |                           |
+|   (SDPA or written out: matmul,|                   |                           |
+|   scale, Gemma 2's softcap,    |                   |                           |
+|   + mask | masked_fill, softmax|                   |                           |
+|   matmul; RoPE folded in; a    |                   |                           |
 |   static cache's causal mask   |                   |                           |
 |   read as positions: q_pos)    |                   |                           |
 | rope_kv_cache (RoPE + in-place | cache.py          | rope.py (rope_qk_cache)   |
 |   k/v cache write)             |                   |                           |
-| explicit softmax attention,    | attention.py      | analysis only             |
+| other explicit attention,      | attention.py      | analysis only             |
 |   kv_cache_write               |                   |                           |
 
 Activations (in gated_act, bias_act, linear_bias_act) are recognised by value: any chain

@@ -1,8 +1,10 @@
-"""Attention and KV-cache patterns (analysis candidates; kernels come with the deep-fusion work).
+"""Attention and KV-cache patterns.
 
 Attention is SDPA in any of aten's lowered forms, or written out as
-matmul → (scale) → (+ mask) → softmax → matmul. It is "attention_rope" when q and k come
-straight from a RoPE site (RoPE can be applied as q/k are loaded). KV-cache writes are
+matmul → (scale) → (softcap) → (+ mask | masked_fill) → softmax → matmul (transformers'
+eager attention, Gemma 2, hand-written models): `find_fusable` reads both as one site of
+the attention kernel (`_sdpa_site`, `_explicit_site`). It is "attention_rope" when q and k
+come straight from a RoPE site (RoPE can be applied as q/k are loaded). KV-cache writes are
 index_copy/index_put into a cache buffer, "rope_kv_cache" when the written k is rotated.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,10 +37,12 @@ MATMUL_OPS = (aten.bmm.default, aten.mm.default, aten.matmul.default)
 
 
 def _explicit_attention(softmax: fx.Node) -> tuple[fx.Node, ...] | None:
-    """matmul → [mul/div scale] → [add mask] → [cast] → softmax → [cast] → matmul, as nodes;
-    else None. On 4-D tensors `@` is expand → view → bmm on both sides of the softmax."""
+    """matmul → [mul/div scale] → [softcap: div, tanh, mul] → [add mask | masked_fill] → [cast] → softmax →
+    [cast] → matmul, as nodes; else None. On 4-D tensors `@` is expand → view → bmm on both
+    sides of the softmax."""
     chain, node = [softmax], softmax.args[0]
-    while is_op(node, aten.mul.Tensor, aten.div.Tensor, aten.add.Tensor, *_VIEWS, *CAST_OPS):
+    while is_op(node, aten.mul.Tensor, aten.div.Tensor, aten.add.Tensor, aten.tanh.default,
+                aten.masked_fill.Scalar, *_VIEWS, *CAST_OPS):
         chain.append(node)
         node = node.args[0]
     if not is_op(node, *MATMUL_OPS):
@@ -247,6 +252,129 @@ def _position_mask(mask: Any, b: Any, tq: Any, tk: Any) -> tuple[fx.Node, list[f
     return base, [*nodes, cmp, *key_nodes, *pos_views]
 
 
+SOFTMAX_OPS = (aten._softmax.default, aten.softmax.int)
+_BMM_INPUT = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.clone.default,
+              aten.expand.default)
+
+
+@dataclass(frozen=True)
+class _Site:
+    """One attention, however spelled: its inputs as read (k, v maybe repeated for GQA),
+    what it computes, its own nodes and its output y (B, Hq, Tq, D)."""
+
+    q: fx.Node
+    k: fx.Node
+    v: fx.Node
+    mask: Any            # additive mask node, or None
+    causal: bool
+    fill: bool           # mask is masked_fill's bool: True where a score is dropped
+    scale: float | None  # None: 1/√D (SDPA's default)
+    softcap: float
+    nodes: tuple[fx.Node, ...]
+    y: fx.Node
+
+
+def _sdpa_site(node: fx.Node) -> _Site | None:
+    """An SDPA node that the kernel computes: no dropout, only its first output read."""
+    a = sdpa_args(node)
+    items = [u for u in node.users if is_getitem(u)]
+    y = next((u for u in items if u.args[1] == 0), None)
+    if a.get("dropout_p", 0.0) or y is None or any(u.users for u in items if u is not y):
+        return None
+    return _Site(a["query"], a["key"], a["value"], a.get("attn_mask", a.get("attn_bias")),
+                 bool(a.get("is_causal", False)), False, a.get("scale"), 0.0, (node, *items), y)
+
+
+def _bmm_source(node: Any) -> tuple[Any, list[fx.Node]]:
+    """A batched matmul's operand back to the 4-D (B, H, T, D) tensor it was made of: `@` on
+    4-D tensors reads [expand] → [clone] → view (B·H, T, D) of it (nothing, for a matmul
+    not decomposed). (None, []) when the operand is not that."""
+    chain = []
+    for ops in ((aten.view.default, aten._unsafe_view.default, aten.reshape.default),
+                (aten.clone.default,), (aten.expand.default,)):
+        t = fake(node)
+        if is_op(node, *ops) and (ops[0] is not aten.view.default or (t is not None and t.dim() == 3)):
+            chain.append(node)
+            node = node.args[0]
+    t = fake(node)
+    return (node, chain) if t is not None and t.dim() == 4 else (None, [])
+
+
+def _number(node: Any) -> float | None:
+    return float(node) if isinstance(node, (int, float)) and not isinstance(node, bool) else None
+
+
+def _explicit_site(softmax: fx.Node) -> _Site | None:
+    """softmax(cap(q·kᵀ · scale) + mask) · v written out (transformers' eager attention,
+    Gemma 2's soft-capping, hand-written models): matmul → view → [mul/div by numbers] →
+    [div c → tanh → mul c] → [+ mask | masked_fill(bool, -inf)] → [casts] → softmax over
+    the last dim → [casts] → matmul → view (B, H, Tq, D). Other orders (a mask before the
+    scale) are not taken."""
+    nodes = _explicit_attention(softmax)
+    t = fake(softmax)
+    if nodes is None or t is None or t.dim() != 4 or softmax.args[1] not in (-1, 3):
+        return None
+    mm1, mm2 = nodes[0], nodes[-1]
+    pre = list(nodes[1:nodes.index(softmax)])  # in order, matmul → softmax
+    scale, softcap, mask, fill = 1.0, 0.0, None, False
+    i = 0
+    while i < len(pre) and is_op(pre[i], *_VIEWS, *CAST_OPS):
+        i += 1
+    while i < len(pre) and is_op(pre[i], aten.mul.Tensor, aten.div.Tensor) and (
+            c := _number(pre[i].args[1])) is not None and not (
+            is_op(pre[i], aten.div.Tensor) and i + 1 < len(pre) and is_op(pre[i + 1], aten.tanh.default)):
+        scale = scale * c if pre[i].target == aten.mul.Tensor else scale / c
+        i += 1
+    if i + 2 < len(pre) and is_op(pre[i], aten.div.Tensor) and is_op(pre[i + 1], aten.tanh.default) \
+            and is_op(pre[i + 2], aten.mul.Tensor):
+        cap, back = _number(pre[i].args[1]), _number(pre[i + 2].args[1])
+        if cap is None or back is None or cap <= 0 or abs(back - cap) > 1e-6 * cap:
+            return None
+        softcap, i = cap, i + 3
+    while i < len(pre) and is_op(pre[i], *CAST_OPS):
+        i += 1
+    if i < len(pre) and is_op(pre[i], aten.add.Tensor) and isinstance(pre[i].args[1], fx.Node):
+        mask, i = pre[i].args[1], i + 1
+    elif i < len(pre) and is_op(pre[i], aten.masked_fill.Scalar) and _drops(pre[i]):
+        mask, fill, i = pre[i].args[1], True, i + 1
+    while i < len(pre) and is_op(pre[i], *CAST_OPS):
+        i += 1
+    if i != len(pre) or any(n.args[0] is not prev for prev, n in zip(nodes, nodes[1:])):
+        return None  # something else between (or a chain that reads another tensor first)
+    y = mm2
+    if is_op(mm2, aten.bmm.default):
+        views = [u for u in mm2.users if is_op(u, aten.view.default, aten._unsafe_view.default)]
+        if len(mm2.users) != 1 or not views:
+            return None
+        y = views[0]
+    (q, q_chain), (kt, kt_chain) = (_bmm_source(a) for a in mm1.args[:2])
+    v, v_chain = _bmm_source(mm2.args[1])
+    if q is None or kt is None or v is None or not _swaps_last_two(kt):
+        return None
+    k = kt.args[0]
+    ty, tq = fake(y), fake(q)
+    if ty is None or tq is None or ty.shape != tq.shape or ty.dtype != tq.dtype:
+        return None
+    own = (*q_chain, kt, *kt_chain, *nodes, *v_chain, *([y] if y is not mm2 else []))
+    return _Site(q, k, v, mask, False, fill, scale, softcap, tuple(dict.fromkeys(own)), y)
+
+
+def _drops(fill: fx.Node) -> bool:
+    """masked_fill(s, cond, value) with a bool cond and a value that drops the score."""
+    value, t = _number(fill.args[2]), fake(fill.args[1])
+    return value is not None and value <= MASKED_BIAS and t is not None and t.dtype == torch.bool
+
+
+def _swaps_last_two(node: Any) -> bool:
+    """`x.transpose(-2, -1)` (or permute (0, 1, 3, 2)) of a 4-D x."""
+    t = fake(node)
+    if t is None or t.dim() != 4:
+        return False
+    if is_op(node, aten.transpose.int):
+        return sorted(int(d) % 4 for d in node.args[1:]) == [2, 3]
+    return is_op(node, aten.permute.default) and [int(d) % 4 for d in node.args[1]] == [0, 1, 3, 2]
+
+
 def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
     """SDPA sites the attention kernel can replace: with the RoPE that feeds q and k folded
     in ("attention_rope", deeper) and without it ("attention"); GQA k/v un-repeated; a
@@ -266,38 +394,42 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
 
     found = []
     for node in gm.graph.nodes:
-        if not is_op(node, *SDPA_OPS) or node.target == aten.scaled_dot_product_attention.default:
+        if is_op(node, *SDPA_OPS) and node.target != aten.scaled_dot_product_attention.default:
+            site = _sdpa_site(node)
+        elif is_op(node, *SOFTMAX_OPS):
+            site = _explicit_site(node)
+        else:
             continue
-        a = sdpa_args(node)
-        mask = a.get("attn_mask", a.get("attn_bias"))
-        tq, tk = fake(a["query"]), fake(a["key"])
-        if a.get("dropout_p", 0.0) or tq is None or tk is None:
+        if site is None:
+            continue
+        mask = site.mask
+        tq, tk = fake(site.q), fake(site.k)
+        if tq is None or tk is None:
             continue
         # the static cache's causal mask: the kernel bounds each row's keys by its position
-        positions = None if mask is None else _position_mask(mask, tq.shape[0], tq.shape[2], tk.shape[2])
+        positions = None if mask is None or site.fill else _position_mask(
+            mask, tq.shape[0], tq.shape[2], tk.shape[2])
         q_pos, mask_nodes = positions if positions is not None else (None, [])
         tm = fake(mask) if positions is None and mask is not None else None
-        if tm is not None and tm.dtype == torch.bool:  # other bool masks: the kernel adds biases
-            continue
+        if tm is not None and tm.dtype == torch.bool and not site.fill:  # SDPA's keep-where-True
+            continue  # masks: the kernel adds biases (a masked_fill's is made one at emit)
         mask = None if positions is not None else mask
-        items = [u for u in node.users if is_getitem(u)]
-        y = next((u for u in items if u.args[1] == 0), None)
-        if y is None or any(u.users for u in items if u is not y):
-            continue
-        k, k_chain = unrepeat_kv(a["key"])
-        v, v_chain = unrepeat_kv(a["value"])
+        y = site.y
+        k, k_chain = unrepeat_kv(site.k)
+        v, v_chain = unrepeat_kv(site.v)
         if not _same_shape(k, v):  # one repeated and the other not (DiffLlama's v): both as read
-            (k, k_chain), (v, v_chain) = (a["key"], []), (a["value"], [])
+            (k, k_chain), (v, v_chain) = (site.k, []), (site.v, [])
         if not _same_shape(k, v):  # v's head dim is not k's: not a kernel of ours
             continue
-        scale = a.get("scale") or 1.0 / math.sqrt(int(tq.shape[-1]))
-        base = (*mask_nodes, *k_chain, *v_chain, node, *items)
-        common = {"v": v, "mask": mask, "causal": bool(a.get("is_causal", False)),
-                  "scale": float(scale), "interleaved": False, "q_pos": q_pos, "softcap": 0.0}
+        scale = site.scale or 1.0 / math.sqrt(int(tq.shape[-1]))
+        base = (*mask_nodes, *k_chain, *v_chain, *site.nodes)
+        common = {"v": v, "mask": None if site.fill else mask, "causal": site.causal,
+                  "scale": float(scale), "interleaved": False, "q_pos": q_pos, "softcap": site.softcap,
+                  **({"fill_mask": mask} if site.fill else {})}
         if q_pos is not None:  # confirmation draws positions among the keys (rewrite.py)
             common["keys"] = hint(tk.shape[2])
         # the kernel rotates q and k as it loads them: the RoPE's operands are the site's
-        (q_rot, q_copies), (k_rot, k_copies) = rotated(a["query"]), rotated(k)
+        (q_rot, q_copies), (k_rot, k_copies) = rotated(site.q), rotated(k)
         rm = rope_of.get(q_rot)
         seq_dim = rm.operands.get("seq_dim", 2) if rm is not None else 2
         if (rm is not None and rm.outputs.get("q") is q_rot and rm.outputs.get("k") is k_rot
@@ -309,7 +441,7 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
             found.append(Match("attention_rope", "attention", module_path(node),
                                (*rm.nodes, *q_copies, *k_copies, *base), operands, {"y": y},
                                (*rm.shared, *mask_nodes)))
-        operands = {**common, "q": a["query"], "k": k, "cos": None, "sin": None}
+        operands = {**common, "q": site.q, "k": k, "cos": None, "sin": None}
         found.append(Match("attention", "attention", module_path(node), base, operands, {"y": y},
                            tuple(mask_nodes)))
     return found
@@ -331,7 +463,7 @@ def _swaps_dims_1_2(node: Any) -> bool:
 
 
 def not_covered(analysis: list[Match], fusable: list[Match]) -> list[Match]:
-    """Analysis-only attention sites the kernel cannot take (explicit softmax, bool masks,
-    dropout): those whose SDPA node no fusable match already holds."""
-    held = {n for m in fusable for n in m.nodes if is_op(n, *SDPA_OPS)}
+    """Analysis-only attention sites the kernel cannot take (bool masks, dropout, explicit
+    forms it does not read): those whose SDPA or softmax node no fusable match holds."""
+    held = {n for m in fusable for n in m.nodes if is_op(n, *SDPA_OPS, *SOFTMAX_OPS)}
     return [m for m in analysis if not held & set(m.nodes)]
