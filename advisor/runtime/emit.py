@@ -209,13 +209,24 @@ def _emit_prepared_rope(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node,
 
 
 def _additive_mask(graph: fx.Graph, m: Match) -> Match:
-    """An attention whose scores go through masked_fill(cond, -inf) (nanoGPT's causal
-    buffer): the kernel adds a mask, so cond becomes where(cond, -inf, 0) (fp32, cond's
-    shape, right after cond)."""
-    cond = m.operands["fill_mask"]
-    with graph.inserting_after(cond):
-        mask = new_node(graph, aten.where.Scalar, (cond, float("-inf"), 0.0))
-    ops = {k: v for k, v in m.operands.items() if k != "fill_mask"}
+    """An attention whose scores are dropped where a bool cond says (masked_fill(cond, -inf),
+    or where(cond, s, -inf) keeping where cond is True) and maybe also masked additively:
+    the kernel adds one mask, so it is made here — where(cond, -inf, mask | 0), or
+    where(cond, mask | 0, -inf) — right after the later of cond and mask (fp32 without an
+    additive mask, else that mask's dtype)."""
+    ops = dict(m.operands)
+    cond, keeps, add = ops.pop("drop"), ops.pop("drop_keeps"), ops.get("mask")
+    pos = _position(graph)
+    last = max((n for n in (cond, add) if isinstance(n, fx.Node)), key=pos.__getitem__)
+    inf = float("-inf")
+    if add is None:
+        target, args = aten.where.Scalar, (cond, 0.0, inf) if keeps else (cond, inf, 0.0)
+    elif keeps:
+        target, args = aten.where.ScalarOther, (cond, add, inf)
+    else:
+        target, args = aten.where.ScalarSelf, (cond, inf, add)
+    with graph.inserting_after(last):
+        mask = new_node(graph, target, args)
     return dataclasses.replace(m, operands={**ops, "mask": mask})
 
 
@@ -412,7 +423,7 @@ def emit(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
         return _emit_gated_linear(graph, m, config)
     if m.kernel == "rope_table":
         return _emit_rope_table(graph, m, config)
-    if m.kernel == "attention" and m.operands.get("fill_mask") is not None:
+    if m.kernel == "attention" and m.operands.get("drop") is not None:
         m = _additive_mask(graph, m)
     if m.kernel in ("rope_qk", "attention") and ("pairs" in m.operands or "seq_dim" in m.operands):
         return _emit_prepared_rope(graph, m, config)

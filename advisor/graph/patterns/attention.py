@@ -37,14 +37,14 @@ MATMUL_OPS = (aten.bmm.default, aten.mm.default, aten.matmul.default)
 
 
 def _explicit_attention(softmax: fx.Node) -> tuple[fx.Node, ...] | None:
-    """matmul → [mul/div scale] → [softcap: div, tanh, mul] → [add mask | masked_fill] → [cast] → softmax →
-    [cast] → matmul, as nodes; else None. On 4-D tensors `@` is expand → view → bmm on both
-    sides of the softmax."""
+    """matmul → [mul/div scale] → [softcap: div, tanh, mul] → [+ mask, masked_fill, where]
+    → [cast] → softmax → [cast] → matmul, as nodes; else None. On 4-D tensors `@` is expand
+    → view → bmm on both sides of the softmax."""
     chain, node = [softmax], softmax.args[0]
     while is_op(node, aten.mul.Tensor, aten.div.Tensor, aten.add.Tensor, aten.tanh.default,
-                aten.masked_fill.Scalar, *_VIEWS, *CAST_OPS):
+                aten.masked_fill.Scalar, *_WHERE, *_VIEWS, *CAST_OPS):
         chain.append(node)
-        node = node.args[0]
+        node = scores_in(node)
     if not is_op(node, *MATMUL_OPS):
         return None
     after, cur = [], softmax
@@ -57,6 +57,12 @@ def _explicit_attention(softmax: fx.Node) -> tuple[fx.Node, ...] | None:
 
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.expand.default)
+
+
+def scores_in(node: fx.Node) -> Any:
+    """The scores an op of the chain reads: where(cond, scores, fill)'s second argument, the
+    first of any other."""
+    return node.args[1] if is_op(node, *_WHERE) else node.args[0]
 
 
 def find(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
@@ -267,7 +273,8 @@ class _Site:
     v: fx.Node
     mask: Any            # additive mask node, or None
     causal: bool
-    fill: bool           # mask is masked_fill's bool: True where a score is dropped
+    drop: Any            # bool node: where scores are dropped (masked_fill, where), or None
+    keeps: bool          # drop's True marks the scores kept (where(cond, s, -inf)), not dropped
     scale: float | None  # None: 1/√D (SDPA's default)
     softcap: float
     nodes: tuple[fx.Node, ...]
@@ -282,7 +289,7 @@ def _sdpa_site(node: fx.Node) -> _Site | None:
     if a.get("dropout_p", 0.0) or y is None or any(u.users for u in items if u is not y):
         return None
     return _Site(a["query"], a["key"], a["value"], a.get("attn_mask", a.get("attn_bias")),
-                 bool(a.get("is_causal", False)), False, a.get("scale"), 0.0, (node, *items), y)
+                 bool(a.get("is_causal", False)), None, False, a.get("scale"), 0.0, (node, *items), y)
 
 
 def _bmm_source(node: Any) -> tuple[Any, list[fx.Node]]:
@@ -306,41 +313,24 @@ def _number(node: Any) -> float | None:
 
 def _explicit_site(softmax: fx.Node) -> _Site | None:
     """softmax(cap(q·kᵀ · scale) + mask) · v written out (transformers' eager attention,
-    Gemma 2's soft-capping, hand-written models): matmul → view → [mul/div by numbers] →
-    [div c → tanh → mul c] → [+ mask | masked_fill(bool, -inf)] → [casts] → softmax over
-    the last dim → [casts] → matmul → view (B, H, Tq, D). Other orders (a mask before the
-    scale) are not taken."""
+    Gemma 2's soft-capping, GPT-Neo's and GPT-J's where(causal, s, min), MPT's bias then
+    masked_fill, hand-written models): matmul → view → ops on the scores → [casts] →
+    softmax over the last dim → [casts] → matmul → view (B, H, Tq, D). The ops, in any order
+    that computes the same (`_read_scores`): casts; mul/div by numbers (the scale); div c →
+    tanh → mul c (the softcap); + an additive mask; one drop by masked_fill(cond, -inf) or
+    where(cond, s, -inf). q and k upcast to fp32 from the output's dtype are read before
+    the cast (exact: the kernel multiplies them with fp32 accumulation)."""
     nodes = _explicit_attention(softmax)
     t = fake(softmax)
     if nodes is None or t is None or t.dim() != 4 or softmax.args[1] not in (-1, 3):
         return None
+    if any(scores_in(n) is not prev for prev, n in zip(nodes, nodes[1:])):
+        return None  # a chain op that reads the scores as another operand (mask + scores)
     mm1, mm2 = nodes[0], nodes[-1]
-    pre = list(nodes[1:nodes.index(softmax)])  # in order, matmul → softmax
-    scale, softcap, mask, fill = 1.0, 0.0, None, False
-    i = 0
-    while i < len(pre) and is_op(pre[i], *_VIEWS, *CAST_OPS):
-        i += 1
-    while i < len(pre) and is_op(pre[i], aten.mul.Tensor, aten.div.Tensor) and (
-            c := _number(pre[i].args[1])) is not None and not (
-            is_op(pre[i], aten.div.Tensor) and i + 1 < len(pre) and is_op(pre[i + 1], aten.tanh.default)):
-        scale = scale * c if pre[i].target == aten.mul.Tensor else scale / c
-        i += 1
-    if i + 2 < len(pre) and is_op(pre[i], aten.div.Tensor) and is_op(pre[i + 1], aten.tanh.default) \
-            and is_op(pre[i + 2], aten.mul.Tensor):
-        cap, back = _number(pre[i].args[1]), _number(pre[i + 2].args[1])
-        if cap is None or back is None or cap <= 0 or abs(back - cap) > 1e-6 * cap:
-            return None
-        softcap, i = cap, i + 3
-    while i < len(pre) and is_op(pre[i], *CAST_OPS):
-        i += 1
-    if i < len(pre) and is_op(pre[i], aten.add.Tensor) and isinstance(pre[i].args[1], fx.Node):
-        mask, i = pre[i].args[1], i + 1
-    elif i < len(pre) and is_op(pre[i], aten.masked_fill.Scalar) and _drops(pre[i]):
-        mask, fill, i = pre[i].args[1], True, i + 1
-    while i < len(pre) and is_op(pre[i], *CAST_OPS):
-        i += 1
-    if i != len(pre) or any(n.args[0] is not prev for prev, n in zip(nodes, nodes[1:])):
-        return None  # something else between (or a chain that reads another tensor first)
+    read = _read_scores(list(nodes[1:nodes.index(softmax)]))
+    if read is None:
+        return None
+    scale, softcap, mask, drop, keeps = read
     y = mm2
     if is_op(mm2, aten.bmm.default):
         views = [u for u in mm2.users if is_op(u, aten.view.default, aten._unsafe_view.default)]
@@ -351,18 +341,73 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
     v, v_chain = _bmm_source(mm2.args[1])
     if q is None or kt is None or v is None or not _swaps_last_two(kt):
         return None
-    k = kt.args[0]
-    ty, tq = fake(y), fake(q)
+    k, ty = kt.args[0], fake(y)
+    (q, q_up), (k, k_up) = (_before_upcast(x, ty) for x in (q, k))
+    tq = fake(q)
     if ty is None or tq is None or ty.shape != tq.shape or ty.dtype != tq.dtype:
         return None
-    own = (*q_chain, kt, *kt_chain, *nodes, *v_chain, *([y] if y is not mm2 else []))
-    return _Site(q, k, v, mask, False, fill, scale, softcap, tuple(dict.fromkeys(own)), y)
+    own = (*q_up, *q_chain, *k_up, kt, *kt_chain, *nodes, *v_chain, *([y] if y is not mm2 else []))
+    return _Site(q, k, v, mask, False, drop, keeps, scale, softcap, tuple(dict.fromkeys(own)), y)
 
 
-def _drops(fill: fx.Node) -> bool:
-    """masked_fill(s, cond, value) with a bool cond and a value that drops the score."""
-    value, t = _number(fill.args[2]), fake(fill.args[1])
-    return value is not None and value <= MASKED_BIAS and t is not None and t.dtype == torch.bool
+def _read_scores(ops: list[fx.Node]) -> tuple[float, float, Any, Any, bool] | None:
+    """(scale, softcap, additive mask, drop cond, keeps) of the ops between q·kᵀ and the
+    softmax, in order; None where the kernel computes something else: a scale or a cap after
+    an additive mask (it would scale the mask), a cap after a drop (cap(-inf) = -cap keeps
+    the score) or after another cap, two masks or two drops, anything else."""
+    scale, softcap, mask, drop, keeps = 1.0, 0.0, None, None, False
+    i = 0
+    while i < len(ops):
+        n = ops[i]
+        if is_op(n, *_VIEWS, *CAST_OPS):
+            i += 1
+            continue
+        # a number, or a scalar_tensor / full of one (GPT-2's / torch.full([], √d))
+        c = _constant(n.args[1])[0] if is_op(n, aten.mul.Tensor, aten.div.Tensor) else None
+        if is_op(n, aten.div.Tensor) and i + 2 < len(ops) and is_op(ops[i + 1], aten.tanh.default):
+            back = _number(ops[i + 2].args[1]) if is_op(ops[i + 2], aten.mul.Tensor) else None
+            if (c is None or back is None or c <= 0 or abs(back - c) > 1e-6 * c or softcap
+                    or mask is not None or drop is not None):
+                return None
+            softcap, i = c, i + 3
+            continue
+        if c is not None:
+            if mask is not None or softcap or c == 0 or (drop is not None and c < 0):
+                return None  # the mask scaled, the cap bent, a dropped score brought back
+            scale = scale * c if n.target == aten.mul.Tensor else scale / c
+        elif (is_op(n, aten.add.Tensor) and isinstance(n.args[1], fx.Node) and mask is None
+              and n.kwargs.get("alpha", 1) == 1):
+            mask = n.args[1]
+        elif drop is None and (cond := _drop_cond(n)) is not None:
+            drop, keeps = cond, is_op(n, *_WHERE)
+        else:
+            return None
+        i += 1
+    return scale, softcap, mask, drop, keeps
+
+
+def _drop_cond(n: fx.Node) -> Any:
+    """The bool cond of masked_fill(s, cond, v) or where(cond, s, v) with v ≤ MASKED_BIAS
+    (a dropped score), else None."""
+    if is_op(n, aten.masked_fill.Scalar):
+        cond, value = n.args[1], _number(n.args[2])
+    elif is_op(n, *_WHERE):
+        cond, (value, _) = n.args[0], _constant(n.args[2])
+    else:
+        return None
+    t = fake(cond)
+    return cond if value is not None and value <= MASKED_BIAS and t is not None and t.dtype == torch.bool \
+        else None
+
+
+def _before_upcast(x: Any, like: Any) -> tuple[Any, list[fx.Node]]:
+    """x, or what x upcast to fp32 from `like`'s dtype (and the cast)."""
+    src = x.args[0] if is_op(x, *CAST_OPS) else None
+    t, ts = fake(x), fake(src) if src is not None else None
+    if like is not None and t is not None and ts is not None and t.dtype == torch.float32 \
+            and ts.dtype == like.dtype and ts.dtype in (torch.float16, torch.bfloat16):
+        return src, [x]
+    return x, []
 
 
 def _swaps_last_two(node: Any) -> bool:
@@ -407,12 +452,12 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         if tq is None or tk is None:
             continue
         # the static cache's causal mask: the kernel bounds each row's keys by its position
-        positions = None if mask is None or site.fill else _position_mask(
+        positions = None if mask is None or site.drop is not None else _position_mask(
             mask, tq.shape[0], tq.shape[2], tk.shape[2])
         q_pos, mask_nodes = positions if positions is not None else (None, [])
         tm = fake(mask) if positions is None and mask is not None else None
-        if tm is not None and tm.dtype == torch.bool and not site.fill:  # SDPA's keep-where-True
-            continue  # masks: the kernel adds biases (a masked_fill's is made one at emit)
+        if tm is not None and tm.dtype == torch.bool:  # SDPA's keep-where-True masks: the
+            continue  # kernel adds biases (a written-out drop is made one at emit)
         mask = None if positions is not None else mask
         y = site.y
         k, k_chain = unrepeat_kv(site.k)
@@ -423,9 +468,10 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
             continue
         scale = site.scale or 1.0 / math.sqrt(int(tq.shape[-1]))
         base = (*mask_nodes, *k_chain, *v_chain, *site.nodes)
-        common = {"v": v, "mask": None if site.fill else mask, "causal": site.causal,
-                  "scale": float(scale), "interleaved": False, "q_pos": q_pos, "softcap": site.softcap,
-                  **({"fill_mask": mask} if site.fill else {})}
+        common = {"v": v, "mask": mask, "causal": site.causal, "scale": float(scale),
+                  "interleaved": False, "q_pos": q_pos, "softcap": site.softcap,
+                  # made one additive mask with `mask` at emit (emit.py `_additive_mask`)
+                  **({"drop": site.drop, "drop_keeps": site.keeps} if site.drop is not None else {})}
         if q_pos is not None:  # confirmation draws positions among the keys (rewrite.py)
             common["keys"] = hint(tk.shape[2])
         # the kernel rotates q and k as it loads them: the RoPE's operands are the site's
