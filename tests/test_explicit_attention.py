@@ -5,6 +5,9 @@ per layer, whatever the spelling, checked against eager on the interpreter's ker
   buffer per layer, True where a score is dropped), softmax, `@ v`.
 - Meta's Llama reference: `q @ kᵀ / √d`, `+ mask` (a triu(-inf) tensor made in forward),
   `F.softmax(scores.float(), dim=-1).type_as(q)`, `@ v`.
+- a finite fill (-1e9) where some rows drop every key: eager averages v there, and so must
+  the kernel (a -inf mask would give 0).
+- GPT-Neo / GPT-J: q, k upcast to fp32, `where(keep, s, finfo.min)`, a scale after it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,16 @@ class _Attention(nn.Module):
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
             att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
             y = F.softmax(att, dim=-1) @ v
+        elif self.spelling == "padded":  # a finite fill, and the first 3 keys dropped for all:
+            # rows 0-2 drop every key, and eager averages v there (all scores -1e9)
+            drop = (self.bias[:, :, :t, :t] == 0) | (torch.arange(t, device=x.device) < 3)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            y = F.softmax(att.masked_fill(drop, -1e9), dim=-1) @ v
+        elif self.spelling == "gpt-neo":  # where(keep, s, finfo.min) in fp32, no scale, then / c
+            keep = self.bias[:, :, :t, :t].bool()
+            att = torch.matmul(q.float(), k.float().transpose(-1, -2))
+            att = torch.where(keep, att, torch.tensor(torch.finfo(att.dtype).min)) / 2.0
+            y = torch.matmul(F.softmax(att, dim=-1).to(v.dtype), v)
         else:  # Meta's reference
             mask = torch.full((t, t), float("-inf"), device=x.device).triu(1)
             scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(c // HEADS) + mask
@@ -63,7 +76,7 @@ def _ids(t: int) -> torch.Tensor:
     return torch.randint(0, 64, (2, t), generator=torch.Generator().manual_seed(t))
 
 
-@pytest.mark.parametrize("spelling", ["nanogpt", "meta"])
+@pytest.mark.parametrize("spelling", ["nanogpt", "meta", "padded", "gpt-neo"])
 def test_hand_written_attention_is_one_kernel(spelling):
     torch.manual_seed(0)
     model = _Model(spelling).eval()

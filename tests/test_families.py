@@ -133,19 +133,33 @@ def _eager(config_name: str, model_name: str, **kwargs) -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("family", ["Llama", "LlamaMHA", "Gemma2"])
+_EAGER = {  # family: (config, model, config kwargs, the attention family that must apply)
+    "Llama": ("LlamaConfig", "LlamaForCausalLM", _DECODER, "attention_rope"),
+    "LlamaMHA": ("LlamaConfig", "LlamaForCausalLM", dict(_DECODER, num_key_value_heads=4), "attention_rope"),
+    # soft-capped logits (cap 1: nearly every score capped) and sliding-window layers
+    "Gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(_DECODER, head_dim=16, attn_logit_softcapping=1.0, final_logit_softcapping=30.0,
+                    sliding_window=3, query_pre_attn_scalar=9), "attention_rope"),
+    # q, k upcast to fp32, where(causal window, s, finfo.min) made by torch.tensor in forward
+    "GPTNeo": ("GPTNeoConfig", "GPTNeoForCausalLM",
+               dict(hidden_size=64, num_layers=2, num_heads=4, vocab_size=128, max_position_embeddings=256,
+                    attention_types=[[["global", "local"], 1]], window_size=4), "attention"),
+    # an ALiBi bias added, then masked_fill(mask, finfo.min)
+    "MPT": ("MptConfig", "MptForCausalLM", dict(d_model=64, n_heads=4, n_layers=2, vocab_size=128,
+                                                max_seq_len=256), "attention"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(_EAGER))
 def test_eager_attention_is_fused_as_sdpa_is(family):
     """Attention written out (transformers' eager_attention_forward: matmul, scale, mask,
-    softmax in fp32, matmul; GQA's repeat_kv) is the same site as SDPA: one kernel with
-    RoPE folded in. Gemma 2 soft-caps its logits (div, tanh, mul) and alternates sliding-
-    window layers, whose masks are just other additive masks; with a cap of 1 nearly every
-    score is capped, so a kernel that left it out would not match."""
-    kwargs = {"Llama": _DECODER, "LlamaMHA": dict(_DECODER, num_key_value_heads=4),
-              "Gemma2": dict(_DECODER, head_dim=16, attn_logit_softcapping=1.0,
-                             final_logit_softcapping=30.0, sliding_window=3,
-                             query_pre_attn_scalar=9)}[family]
-    names = {"Gemma2": ("Gemma2Config", "Gemma2ForCausalLM")}.get(family, ("LlamaConfig", "LlamaForCausalLM"))
-    model = _eager(*names, **kwargs)
+    softmax in fp32, matmul; GQA's repeat_kv; the older families' own spellings) is the same
+    site as SDPA: one kernel, RoPE folded in where the RoPE is ours. Gemma 2 soft-caps its
+    logits (div, tanh, mul) and alternates sliding-window layers, whose masks are just other
+    additive masks; with a cap of 1 nearly every score is capped, so a kernel that left it
+    out would not match."""
+    config_name, model_name, kwargs, attention = _EAGER[family]
+    model = _eager(config_name, model_name, **kwargs)
     refs = {t: model(**_ids(t)).logits for t in (1, 6)}
     fast = apply(model, ALL_FUSIONS)
     for t, ref in refs.items():
@@ -153,7 +167,7 @@ def test_eager_attention_is_fused_as_sdpa_is(family):
     rows = fast.summary()
     assert not [r for r in rows if r.get("unfused")], [r for r in rows if r.get("unfused")]
     # both layers, in the graph of each length (1 token is a graph of its own)
-    assert next(r["applied"] for r in rows if r["family"] == "attention_rope") == 4, rows
+    assert next(r["applied"] for r in rows if r["family"] == attention) == 4, rows
     if family == "Gemma2":
         from advisor.graph.capture import capture
         from advisor.graph.patterns import find_all

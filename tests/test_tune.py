@@ -476,14 +476,16 @@ def test_neighbours_change_what_runs_not_only_the_parameters():
     plan; add_rms_norm takes the residual add first)."""
     from advisor.search.space import neighbour_params
 
-    space = BucketSpace(512, 128, (
-        FamilySpace("rms_norm", "rms_norm", 2, 0.05),
-        FamilySpace("add_rms_norm", "add_rms_norm", 16, 0.10,
-                    preempted_by=((("add_rms_norm_linear",), 16),)),
-        FamilySpace("add_rms_norm_linear", "rmsnorm_linear", 16, 0.30, preempted_by=(((), 16),)),
-        FamilySpace("linear_residual", "gemm_epilogue", 16, 0.20,
-                    preempted_by=((("add_rms_norm",), 8), (("add_rms_norm", "gated_act_linear"), 8))),
-        FamilySpace("rope", "rope", 8, 0.01)))
+    fams = (FamilySpace("add_rms_norm_linear", "rmsnorm_linear", 16, 0.30),
+            FamilySpace("rms_norm", "rms_norm", 2, 0.05),
+            FamilySpace("add_rms_norm", "add_rms_norm", 16, 0.10),
+            FamilySpace("linear_residual", "gemm_epilogue", 16, 0.20),
+            FamilySpace("rope", "rope", 8, 0.01))
+    # the rewrite's order: the norm → projections site, then the add + norm (holding one of
+    # its nodes), then the GEMM + add (holding the add), then the others
+    sites = (("add_rms_norm_linear", ()), ("add_rms_norm", (0,)), ("linear_residual", (1,)),
+             ("rms_norm", ()), ("rope", ()))
+    space = BucketSpace(512, 128, fams, sites=sites)
     light = {"rms_norm": True, "add_rms_norm": True, "add_rms_norm_linear": False,
              "linear_residual": False, "rope": True}
     got = [plan_from_params(p, space).fusions for p in neighbour_params(space, light)]
@@ -496,37 +498,45 @@ def test_neighbours_change_what_runs_not_only_the_parameters():
     applied = {"add_rms_norm": 16, "rope": 8}
     got = [plan_from_params(p, space).fusions for p in neighbour_params(space, light, applied)]
     assert ("add_rms_norm", "rope") not in got and ("rms_norm", "add_rms_norm") in got
+    # add_rms_norm waits behind add_rms_norm_linear: linear_residual's site only waits behind
+    # a waiting one, which the next round may give back — offered plain.
+    deep = {**light, "add_rms_norm_linear": True}
+    got = [plan_from_params(p, space).fusions for p in neighbour_params(space, deep)]
+    assert ("add_rms_norm_linear", "rms_norm", "add_rms_norm", "linear_residual", "rope") in got
     # Not recorded (a space from before): every family on is offered plain.
-    old = replace(space, families=tuple(replace(f, preempted_by=()) for f in space.families))
+    old = replace(space, sites=())
     got = [plan_from_params(p, old).fusions for p in neighbour_params(old, light)]
     assert ("rms_norm", "add_rms_norm", "linear_residual", "rope") in got
     assert BucketSpace.from_json(space.to_json()) == space
 
 
-def test_recorded_preemption_is_what_the_rewrite_does():
-    """describe_bucket's record of which family takes a site first, on a tiny Llama,
-    against what apply() does with both families on."""
+def test_recorded_site_order_is_what_the_rewrite_does():
+    """describe_bucket's record of which site takes a node first, on a tiny Llama, against
+    what apply() does: linear_residual beside add_rms_norm applies nowhere; beside the
+    deeper add_rms_norm_swiglu, which makes add_rms_norm wait at the MLP norms, the
+    post-attention adds are linear_residual's in the next round (a review's case)."""
     from advisor.analyze import costs_from
     from advisor.profile import load_or_measure
-    from advisor.search.space import blockers, describe_bucket
+    from advisor.search.space import blocked_by, describe_bucket
     from tests.hf_models import ids, tiny_hf
 
     model = tiny_hf("Llama")
     space = describe_bucket(model, ids(8), costs_from(load_or_measure(torch.device("cpu"))),
                             8, 0, False)
-    fam = {f.family: f for f in space.families}
     light = ("rms_norm", "add_rms_norm", "gated_act", "rope")
-    assert blockers(fam["linear_residual"], light) == {"add_rms_norm"}
-    assert blockers(fam["linear_residual"], ("rms_norm", "gated_act", "rope")) == set()
-    assert blockers(fam["add_rms_norm_linear"], light) == set()
+    assert blocked_by(space, "linear_residual", light) == {"add_rms_norm"}
+    assert blocked_by(space, "linear_residual", ("rms_norm", "gated_act", "rope")) == set()
+    assert blocked_by(space, "add_rms_norm_linear", light) == set()
+    swiglu = ("add_rms_norm_swiglu", "add_rms_norm")
+    assert blocked_by(space, "linear_residual", swiglu) == set()
 
     def sites(plan):
         fast = apply(model, Plan(plan))
         fast(**ids(8))  # rewritten at the first call
-        rows = fast.summary()
-        return {r["family"]: r["applied"] for r in rows if r["family"] != "(all)"}
+        return {r["family"]: r["applied"] for r in fast.summary() if r["family"] != "(all)"}
     assert sites((*light, "linear_residual"))["linear_residual"] == 0
     assert sites(("rms_norm", "gated_act", "rope", "linear_residual"))["linear_residual"] == 4
+    assert sites((*swiglu, "linear_residual"))["linear_residual"] == 2
 
 
 def _climb_space():

@@ -209,22 +209,22 @@ def _emit_prepared_rope(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node,
 
 
 def _additive_mask(graph: fx.Graph, m: Match) -> Match:
-    """An attention whose scores are dropped where a bool cond says (masked_fill(cond, -inf),
-    or where(cond, s, -inf) keeping where cond is True) and maybe also masked additively:
-    the kernel adds one mask, so it is made here — where(cond, -inf, mask | 0), or
-    where(cond, mask | 0, -inf) — right after the later of cond and mask (fp32 without an
-    additive mask, else that mask's dtype)."""
+    """An attention whose scores are dropped where a bool cond says (masked_fill(cond, v),
+    or where(cond, s, v) keeping where cond is True; v is -inf or a large negative like
+    finfo.min, kept as it is: a row with every score dropped averages v in eager) and maybe
+    also masked additively: the kernel adds one mask, so it is made here — where(cond, v,
+    mask | 0), or where(cond, mask | 0, v) — right after the later of cond and mask (fp32
+    without an additive mask, else that mask's dtype)."""
     ops = dict(m.operands)
-    cond, keeps, add = ops.pop("drop"), ops.pop("drop_keeps"), ops.get("mask")
+    cond, keeps, value, add = ops.pop("drop"), ops.pop("drop_keeps"), ops.pop("drop_value"), ops.get("mask")
     pos = _position(graph)
     last = max((n for n in (cond, add) if isinstance(n, fx.Node)), key=pos.__getitem__)
-    inf = float("-inf")
     if add is None:
-        target, args = aten.where.Scalar, (cond, 0.0, inf) if keeps else (cond, inf, 0.0)
+        target, args = aten.where.Scalar, (cond, 0.0, value) if keeps else (cond, value, 0.0)
     elif keeps:
-        target, args = aten.where.ScalarOther, (cond, add, inf)
+        target, args = aten.where.ScalarOther, (cond, add, value)
     else:
-        target, args = aten.where.ScalarSelf, (cond, inf, add)
+        target, args = aten.where.ScalarSelf, (cond, value, add)
     with graph.inserting_after(last):
         mask = new_node(graph, target, args)
     return dataclasses.replace(m, operands={**ops, "mask": mask})

@@ -123,6 +123,10 @@ def random_like(node: fx.Node, gen: torch.Generator | Generators, slots: int | N
     val = node.meta.get("val")
     if isinstance(val, (int, torch.SymInt)):
         return hint(val)
+    if node.op == "get_attr":  # a constant (torch.tensor(x) made in forward): as it is
+        held = getattr(node.graph.owning_module, str(node.target), None)
+        if isinstance(held, torch.Tensor):
+            return held.clone()
     t = fake(node)
     if t is None:
         raise EmitError(f"operand {node.name} has no tensor metadata")

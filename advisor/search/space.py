@@ -21,7 +21,6 @@ plain data and runs anywhere.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -38,10 +37,6 @@ class FamilySpace:
     sites: int
     predicted_saving_ms: float
     configs: tuple[str, ...] = (DEFAULT_CONFIG,)   # encoded configs; "" first
-    # Its sites grouped by the other families that take them first when both are on (a
-    # site of theirs earlier in the rewrite's order holds one of its nodes), with the
-    # count: (("add_rms_norm",), 16) for linear_residual in a Llama. () = not recorded.
-    preempted_by: tuple[tuple[tuple[str, ...], int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,6 +48,10 @@ class BucketSpace:
     families: tuple[FamilySpace, ...]
     cuda_graph: bool = False
     pdl: bool = False
+    # Every kernel site in the order the rewrite's rounds take them, each as (family, the
+    # earlier sites holding one of its nodes): what lets the climb tell a switch that
+    # changes what runs from one that does not (`blocked_by`). () = not recorded.
+    sites: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def flags(self) -> tuple[str, ...]:
         """The plan-wide on/off parameters this space offers."""
@@ -61,15 +60,15 @@ class BucketSpace:
     def to_json(self) -> dict[str, Any]:
         return {"length": self.length, "lower": self.lower, "cuda_graph": self.cuda_graph,
                 "pdl": self.pdl,
-                "families": [{**asdict(f), "configs": list(f.configs)} for f in self.families]}
+                "families": [{**asdict(f), "configs": list(f.configs)} for f in self.families],
+                "sites": [[fam, list(earlier)] for fam, earlier in self.sites]}
 
     @staticmethod
     def from_json(obj: dict[str, Any]) -> BucketSpace:
-        fams = tuple(FamilySpace(**{
-            **f, "configs": tuple(f["configs"]),
-            "preempted_by": tuple((tuple(by), n) for by, n in f.get("preempted_by", ()))})
-            for f in obj["families"])
-        return BucketSpace(obj["length"], obj["lower"], fams, obj["cuda_graph"], obj.get("pdl", False))
+        fams = tuple(FamilySpace(**{**f, "configs": tuple(f["configs"])}) for f in obj["families"])
+        sites = tuple((fam, tuple(earlier)) for fam, earlier in obj.get("sites", ()))
+        return BucketSpace(obj["length"], obj["lower"], fams, obj["cuda_graph"], obj.get("pdl", False),
+                           sites)
 
 
 def config_param(family: str) -> str:
@@ -143,13 +142,34 @@ def plan_params(plan: Plan, space: BucketSpace) -> dict[str, Any]:
     return params
 
 
-def blockers(family: FamilySpace, on: Collection[str]) -> set[str]:
-    """The families of `on` that would take every site of `family` first (the rewrite's
-    first round: its later rounds match the graph as these left it, where `family`'s
-    pattern is gone), or an empty set when some site would be its own."""
-    if not family.preempted_by or any(not set(by) & set(on) for by, _ in family.preempted_by):
-        return set()
-    return {f for by, _ in family.preempted_by for f in by if f in on}
+def first_round(space: BucketSpace, on: Collection[str]) -> list[str | None]:
+    """What each recorded site does in the rewrite's first round with the families `on`:
+    "takes" it, "waits" (a node of it held by an earlier site that takes or waits:
+    `rewrite._round_sites`), or None (its family is off)."""
+    state: list[str | None] = []
+    for fam, earlier in space.sites:
+        if fam not in on:
+            state.append(None)
+        else:
+            state.append("waits" if any(state[j] is not None for j in earlier) else "takes")
+    return state
+
+
+def blocked_by(space: BucketSpace, family: str, on: Collection[str]) -> set[str]:
+    """The families of `on` whose sites take every site of `family` first, so that turning
+    `family` on beside them changes nothing: its pattern is gone when the next round
+    matches the graph they left. Empty when some site of `family` would be its own, when
+    one only waits behind a site that itself waits (the next round may give it back), or
+    when the space recorded no sites."""
+    state = first_round(space, {*on, family})
+    mine = [i for i, (fam, _) in enumerate(space.sites) if fam == family]
+    holders: set[str] = set()
+    for i in mine:
+        taking = {space.sites[j][0] for j in space.sites[i][1] if state[j] == "takes"}
+        if state[i] == "takes" or not taking:
+            return set()
+        holders |= taking
+    return holders & set(on)
 
 
 def neighbour_params(space: BucketSpace, params: dict[str, Any],
@@ -174,7 +194,7 @@ def neighbour_params(space: BucketSpace, params: dict[str, Any],
         return replace(p, fusions=tuple(x for x in p.fusions if x not in off),
                        configs={k: v for k, v in p.configs.items() if k not in off})
 
-    plans = [without(replace(plan, fusions=(*plan.fusions, f.family)), blockers(f, live))
+    plans = [without(replace(plan, fusions=(*plan.fusions, f.family)), blocked_by(space, f.family, live))
              for f in by_saving if f.family not in plan.fusions]
     plans += [without(plan, {f.family}) for f in reversed(by_saving) if f.family in live]
     plans += [replace(plan, **{flag: not getattr(plan, flag)}) for flag in space.flags()]
@@ -295,31 +315,27 @@ def describe_bucket(model: Any, inputs: Any, costs: Any, length: int, lower: int
     from advisor.graph.capture import capture
 
     matches = matches_of(capture(model, inputs))
-    preempted = preemptions(matches)
     fams = []
     for c in candidates(matches, costs):
         if not c.applicable or c.family not in FAMILIES:
             continue
         mine = [m for m in matches if m.family == c.family]
         fams.append(FamilySpace(c.family, str(c.kernel), c.count, float(c.predicted_saving_ms),
-                                family_configs(FAMILIES[c.family], mine),
-                                preempted.get(c.family, ())))
+                                family_configs(FAMILIES[c.family], mine)))
     fams.sort(key=lambda f: list(FAMILIES).index(f.family))
-    return BucketSpace(length, lower, tuple(fams), cuda_graph=cuda, pdl=pdl)
+    return BucketSpace(length, lower, tuple(fams), cuda_graph=cuda, pdl=pdl, sites=site_order(matches))
 
 
-def preemptions(matches: Sequence[Any]) -> dict[str, tuple[tuple[tuple[str, ...], int], ...]]:
-    """family -> its sites grouped by the other families with a site earlier in `matches`
-    (the rewrite takes a round's sites in this order) that holds one of its own nodes;
-    sites without a kernel never apply and take nothing."""
-    first: dict[Any, list[int]] = {}  # node -> indices of the sites that hold it, in order
-    groups: dict[str, Counter] = {}
-    for i, m in enumerate(matches):
-        if m.kernel is None:
-            continue
+def site_order(matches: Sequence[Any]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """`BucketSpace.sites` of `matches` (in the order the rewrite meets them): each kernel
+    site's family and the earlier kernel sites that hold one of its own nodes. Sites with
+    no kernel never apply and hold nothing."""
+    kernel_sites = [m for m in matches if m.kernel is not None]
+    holders: dict[Any, list[int]] = {}  # node -> the sites holding it, in order
+    out = []
+    for i, m in enumerate(kernel_sites):
         own = set(m.nodes) - set(m.shared)
-        by = {matches[j].family for n in own for j in first.get(n, ()) if matches[j].family != m.family}
-        groups.setdefault(m.family, Counter())[tuple(sorted(by))] += 1
+        out.append((m.family, tuple(sorted({j for n in own for j in holders.get(n, ())}))))
         for n in own:
-            first.setdefault(n, []).append(i)
-    return {f: tuple(sorted(c.items())) for f, c in groups.items()}
+            holders.setdefault(n, []).append(i)
+    return tuple(out)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from advisor.graph.capture import fake, hint, module_path
@@ -184,13 +185,21 @@ def _through(node: Any, ops: tuple) -> tuple[Any, list[fx.Node]]:
 
 
 def _constant(node: Any) -> tuple[float | None, list[fx.Node]]:
-    """A python number, or a `scalar_tensor` / `full` of one (and the nodes)."""
+    """A python number, or a `scalar_tensor` / `full` of one, or a one-element tensor
+    constant made in forward (and the nodes)."""
     if isinstance(node, (int, float)) and not isinstance(node, bool):
         return float(node), []
     if is_op(node, aten.scalar_tensor.default):
         value = node.args[0]
     elif is_op(node, aten.full.default):
         value = node.args[1]
+    elif is_op(node, aten.lift_fresh_copy.default) and isinstance(node.args[0], fx.Node) \
+            and node.args[0].op == "get_attr":  # torch.tensor(x) in forward (GPT-Neo's mask value)
+        held = getattr(node.graph.owning_module, str(node.args[0].target), None)
+        if not isinstance(held, torch.Tensor) or held.numel() != 1 or held.is_meta:
+            return None, []
+        with unset_fake_temporarily():  # matching may run inside the tracer's fake mode
+            value = held.item()
     else:
         return None, []
     return (float(value), [node]) if isinstance(value, (int, float)) else (None, [])
@@ -259,8 +268,6 @@ def _position_mask(mask: Any, b: Any, tq: Any, tk: Any) -> tuple[fx.Node, list[f
 
 
 SOFTMAX_OPS = (aten._softmax.default, aten.softmax.int)
-_BMM_INPUT = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.clone.default,
-              aten.expand.default)
 
 
 @dataclass(frozen=True)
@@ -275,10 +282,14 @@ class _Site:
     causal: bool
     drop: Any            # bool node: where scores are dropped (masked_fill, where), or None
     keeps: bool          # drop's True marks the scores kept (where(cond, s, -inf)), not dropped
+    drop_value: float    # what a dropped score becomes (-inf, or finite: finfo.min, -1e9)
     scale: float | None  # None: 1/√D (SDPA's default)
     softcap: float
     nodes: tuple[fx.Node, ...]
     y: fx.Node
+    # constants it reads (a fill value or a scale made as a tensor): in the site, so that
+    # confirmation runs them as they are, and kept for any other reader
+    constants: tuple[fx.Node, ...] = ()
 
 
 def _sdpa_site(node: fx.Node) -> _Site | None:
@@ -289,7 +300,7 @@ def _sdpa_site(node: fx.Node) -> _Site | None:
     if a.get("dropout_p", 0.0) or y is None or any(u.users for u in items if u is not y):
         return None
     return _Site(a["query"], a["key"], a["value"], a.get("attn_mask", a.get("attn_bias")),
-                 bool(a.get("is_causal", False)), None, False, a.get("scale"), 0.0, (node, *items), y)
+                 bool(a.get("is_causal", False)), None, False, 0.0, a.get("scale"), 0.0, (node, *items), y)
 
 
 def _bmm_source(node: Any) -> tuple[Any, list[fx.Node]]:
@@ -330,7 +341,7 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
     read = _read_scores(list(nodes[1:nodes.index(softmax)]))
     if read is None:
         return None
-    scale, softcap, mask, drop, keeps = read
+    scale, softcap, mask, (drop, keeps, value), constants = read
     y = mm2
     if is_op(mm2, aten.bmm.default):
         views = [u for u in mm2.users if is_op(u, aten.view.default, aten._unsafe_view.default)]
@@ -344,18 +355,23 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
     k, ty = kt.args[0], fake(y)
     (q, q_up), (k, k_up) = (_before_upcast(x, ty) for x in (q, k))
     tq = fake(q)
-    if ty is None or tq is None or ty.shape != tq.shape or ty.dtype != tq.dtype:
+    if ty is None or tq is None or not same_sizes(ty, tq) or ty.dtype != tq.dtype:
         return None
-    own = (*q_up, *q_chain, *k_up, kt, *kt_chain, *nodes, *v_chain, *([y] if y is not mm2 else []))
-    return _Site(q, k, v, mask, False, drop, keeps, scale, softcap, tuple(dict.fromkeys(own)), y)
+    own = (*q_up, *q_chain, *k_up, kt, *kt_chain, *nodes, *v_chain, *([y] if y is not mm2 else []),
+           *constants)
+    return _Site(q, k, v, mask, False, drop, keeps, value, scale, softcap, tuple(dict.fromkeys(own)), y,
+                 tuple(constants))
 
 
-def _read_scores(ops: list[fx.Node]) -> tuple[float, float, Any, Any, bool] | None:
-    """(scale, softcap, additive mask, drop cond, keeps) of the ops between q·kᵀ and the
+def _read_scores(ops: list[fx.Node]) -> tuple[float, float, Any, tuple[Any, bool, float],
+                                              list[fx.Node]] | None:
+    """(scale, softcap, additive mask, (drop cond, keeps, drop value), the constants' nodes)
+    of the ops between q·kᵀ and the
     softmax, in order; None where the kernel computes something else: a scale or a cap after
     an additive mask (it would scale the mask), a cap after a drop (cap(-inf) = -cap keeps
     the score) or after another cap, two masks or two drops, anything else."""
-    scale, softcap, mask, drop, keeps = 1.0, 0.0, None, None, False
+    scale, softcap, mask, drop, keeps, value = 1.0, 0.0, None, None, False, 0.0
+    constants: list[fx.Node] = []
     i = 0
     while i < len(ops):
         n = ops[i]
@@ -363,7 +379,7 @@ def _read_scores(ops: list[fx.Node]) -> tuple[float, float, Any, Any, bool] | No
             i += 1
             continue
         # a number, or a scalar_tensor / full of one (GPT-2's / torch.full([], √d))
-        c = _constant(n.args[1])[0] if is_op(n, aten.mul.Tensor, aten.div.Tensor) else None
+        c, c_nodes = _constant(n.args[1]) if is_op(n, aten.mul.Tensor, aten.div.Tensor) else (None, [])
         if is_op(n, aten.div.Tensor) and i + 2 < len(ops) and is_op(ops[i + 1], aten.tanh.default):
             back = _number(ops[i + 2].args[1]) if is_op(ops[i + 2], aten.mul.Tensor) else None
             if (c is None or back is None or c <= 0 or abs(back - c) > 1e-6 * c or softcap
@@ -374,30 +390,34 @@ def _read_scores(ops: list[fx.Node]) -> tuple[float, float, Any, Any, bool] | No
         if c is not None:
             if mask is not None or softcap or c == 0 or (drop is not None and c < 0):
                 return None  # the mask scaled, the cap bent, a dropped score brought back
-            scale = scale * c if n.target == aten.mul.Tensor else scale / c
+            factor = c if n.target == aten.mul.Tensor else 1 / c
+            scale, value = scale * factor, value * factor  # a dropped score is scaled too
+            constants += c_nodes
         elif (is_op(n, aten.add.Tensor) and isinstance(n.args[1], fx.Node) and mask is None
               and n.kwargs.get("alpha", 1) == 1):
             mask = n.args[1]
-        elif drop is None and (cond := _drop_cond(n)) is not None:
-            drop, keeps = cond, is_op(n, *_WHERE)
+        elif drop is None and (dropped := _drop_cond(n)) is not None:
+            (drop, value, v_nodes), keeps = dropped, is_op(n, *_WHERE)
+            constants += v_nodes
         else:
             return None
         i += 1
-    return scale, softcap, mask, drop, keeps
+    return scale, softcap, mask, (drop, keeps, value), constants
 
 
-def _drop_cond(n: fx.Node) -> Any:
-    """The bool cond of masked_fill(s, cond, v) or where(cond, s, v) with v ≤ MASKED_BIAS
-    (a dropped score), else None."""
+def _drop_cond(n: fx.Node) -> tuple[Any, float, list[fx.Node]] | None:
+    """(the bool cond, v, v's nodes) of masked_fill(s, cond, v) or where(cond, s, v) with v ≤ MASKED_BIAS
+    (a dropped score), else None. A finite v is kept: a row with every score dropped
+    averages v in eager (all scores equal), where -inf gives 0 here and NaN there."""
     if is_op(n, aten.masked_fill.Scalar):
-        cond, value = n.args[1], _number(n.args[2])
+        cond, (value, nodes) = n.args[1], (_number(n.args[2]), [])
     elif is_op(n, *_WHERE):
-        cond, (value, _) = n.args[0], _constant(n.args[2])
+        cond, (value, nodes) = n.args[0], _constant(n.args[2])
     else:
         return None
     t = fake(cond)
-    return cond if value is not None and value <= MASKED_BIAS and t is not None and t.dtype == torch.bool \
-        else None
+    ok = value is not None and value <= MASKED_BIAS and t is not None and t.dtype == torch.bool
+    return (cond, value, nodes) if ok else None
 
 
 def _before_upcast(x: Any, like: Any) -> tuple[Any, list[fx.Node]]:
@@ -471,7 +491,8 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         common = {"v": v, "mask": mask, "causal": site.causal, "scale": float(scale),
                   "interleaved": False, "q_pos": q_pos, "softcap": site.softcap,
                   # made one additive mask with `mask` at emit (emit.py `_additive_mask`)
-                  **({"drop": site.drop, "drop_keeps": site.keeps} if site.drop is not None else {})}
+                  **({"drop": site.drop, "drop_keeps": site.keeps, "drop_value": site.drop_value}
+                     if site.drop is not None else {})}
         if q_pos is not None:  # confirmation draws positions among the keys (rewrite.py)
             common["keys"] = hint(tk.shape[2])
         # the kernel rotates q and k as it loads them: the RoPE's operands are the site's
@@ -486,10 +507,10 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
                         **{n: rm.operands[n] for n in ("pairs", "seq_dim") if n in rm.operands}}
             found.append(Match("attention_rope", "attention", module_path(node),
                                (*rm.nodes, *q_copies, *k_copies, *base), operands, {"y": y},
-                               (*rm.shared, *mask_nodes)))
+                               (*rm.shared, *mask_nodes, *site.constants)))
         operands = {**common, "q": site.q, "k": k, "cos": None, "sin": None}
         found.append(Match("attention", "attention", module_path(node), base, operands, {"y": y},
-                           tuple(mask_nodes)))
+                           (*mask_nodes, *site.constants)))
     return found
 
 
