@@ -287,7 +287,10 @@ def site_configs(match: Any) -> list[str] | None:
     if match.kernel not in KERNEL_ARGS:
         return None
     spec = get(match.kernel)
-    args = [_meta(match.operands.get(name)) for name in KERNEL_ARGS[match.kernel][0]]
+    names = KERNEL_ARGS[match.kernel][0]
+    # a written-out attention's drop becomes (part of) its mask at emit: a mask tile either way
+    ops = {**match.operands, "mask": match.operands.get("mask", None) or match.operands.get("drop")}
+    args = [_meta(ops.get(name)) for name in names]
     try:
         problem = spec.problem(*args)
     except Exception:  # a kernel whose problem() cannot read these operands: default only
