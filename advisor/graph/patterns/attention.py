@@ -430,16 +430,6 @@ def _before_upcast(x: Any, like: Any) -> tuple[Any, list[fx.Node]]:
     return x, []
 
 
-def _swaps_last_two(node: Any) -> bool:
-    """`x.transpose(-2, -1)` (or permute (0, 1, 3, 2)) of a 4-D x."""
-    t = fake(node)
-    if t is None or t.dim() != 4:
-        return False
-    if is_op(node, aten.transpose.int):
-        return sorted(int(d) % 4 for d in node.args[1:]) == [2, 3]
-    return is_op(node, aten.permute.default) and [int(d) % 4 for d in node.args[1]] == [0, 1, 3, 2]
-
-
 def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
     """SDPA sites the attention kernel can replace: with the RoPE that feeds q and k folded
     in ("attention_rope", deeper) and without it ("attention"); GQA k/v un-repeated; a
@@ -519,14 +509,26 @@ def _same_shape(a: Any, b: Any) -> bool:
     return ta is not None and tb is not None and same_sizes(ta, tb)
 
 
-def _swaps_dims_1_2(node: Any) -> bool:
-    """`x.transpose(1, 2)` or `x.permute(0, 2, 1, 3)` of a 4-D x."""
+def _swaps(node: Any, a: int, b: int) -> bool:
+    """`x.transpose(a, b)` or the permute that swaps dims a < b of a 4-D x."""
     t = fake(node)
     if t is None or t.dim() != 4:
         return False
     if is_op(node, aten.transpose.int):
-        return sorted(int(d) % 4 for d in node.args[1:]) == [1, 2]
-    return is_op(node, aten.permute.default) and [int(d) % 4 for d in node.args[1]] == [0, 2, 1, 3]
+        return sorted(int(d) % 4 for d in node.args[1:]) == [a, b]
+    order = [0, 1, 2, 3]
+    order[a], order[b] = b, a
+    return is_op(node, aten.permute.default) and [int(d) % 4 for d in node.args[1]] == order
+
+
+def _swaps_dims_1_2(node: Any) -> bool:
+    """`x.transpose(1, 2)` or `x.permute(0, 2, 1, 3)`: (B, T, H, D) <-> (B, H, T, D)."""
+    return _swaps(node, 1, 2)
+
+
+def _swaps_last_two(node: Any) -> bool:
+    """`x.transpose(-2, -1)` or `x.permute(0, 1, 3, 2)`: kᵀ."""
+    return _swaps(node, 2, 3)
 
 
 def not_covered(analysis: list[Match], fusable: list[Match]) -> list[Match]:
