@@ -34,10 +34,11 @@ def _cfg(bm, bn, splits=1, w=4, stages=2):
 
 
 def _check(q, k, v, cos=None, sin=None, mask=None, causal=False, interleaved=False,
-           config=None, scale=None, q_pos=None, softcap=0.0):
+           config=None, scale=None, q_pos=None, softcap=0.0, sinks=None):
     out = attn.launch_attention(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos,
-                                softcap, config=config)
-    ref = attn.reference(q, k, v, cos, sin, causal, scale, mask, None, interleaved, q_pos, softcap)
+                                softcap, sinks, config=config)
+    ref = attn.reference(q, k, v, cos, sin, causal, scale, mask, None, interleaved, q_pos, softcap,
+                         sinks)
     assert out.is_contiguous() and out.dtype == q.dtype and out.shape == q.shape
     assert_close(out, ref)
     return out
@@ -289,10 +290,10 @@ def test_custom_op_and_compile(monkeypatch):
     q, k, v = _qkv(1, 4, 2, 17, 17, 16, torch.bfloat16, gen)
     cos, sin = rope.rope_tables(torch.arange(17), 16, True, torch.bfloat16)
     mask = randn_nonzero((1, 1, 17, 17), torch.bfloat16, CPU, gen)
-    out = torch.ops.advisor.attention(q, k, v, None, None, None, True, 0.25, False, None, 0.0, "")
+    out = torch.ops.advisor.attention(q, k, v, None, None, None, True, 0.25, False, None, 0.0, None, "")
     assert_close(out, attn.reference(q, k, v, causal=True, scale=0.25))
     cfg = "BLOCK_M=32,BLOCK_N=16,SPLITS=1,num_stages=2,num_warps=4"
-    fn = torch.compile(lambda *a: torch.ops.advisor.attention(*a, False, 0.25, True, None, 0.0, cfg),
+    fn = torch.compile(lambda *a: torch.ops.advisor.attention(*a, False, 0.25, True, None, 0.0, None, cfg),
                        backend="eager", fullgraph=True)
     assert_close(fn(q, k, v, cos, sin, mask),
                  attn.reference(q, k, v, cos, sin, False, 0.25, mask, True, True))
@@ -329,7 +330,7 @@ def test_rejects_bad_input():
     with pytest.raises(KernelInputError, match="head dim"):
         attn.launch_attention(wide, wide, wide)
     assert torch.ops.advisor.attention(wide, wide, wide, None, None, None, False, 1.0, False,
-                                       None, 0.0, "").shape == wide.shape  # falls back to the reference
+                                       None, 0.0, None, "").shape == wide.shape  # falls back to the reference
 
 
 def test_empty():
@@ -552,3 +553,38 @@ def test_softcap_must_be_finite_and_not_negative():
     for bad in (-1.0, float("inf"), float("nan")):
         with pytest.raises(KernelInputError, match="softcap"):
             attn.launch_attention(q, k, v, softcap=bad)
+
+
+def test_sinks_reference_is_gpt_oss_eager_attention():
+    """reference(sinks=s) is transformers' GPT-OSS eager form: the scores with one more
+    column per head (the sink's logit), softmax, the column dropped; `unfused` agrees.
+    A row with every key masked gives 0 (all the weight on the sink), as there."""
+    gen = _gen(5)
+    q, k, v = _qkv(2, 4, 2, 7, 7, 16, torch.float32, gen)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    mask = torch.zeros(2, 1, 7, 7).masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
+    mask[1, :, 0] = float("-inf")  # batch 1, query 0: every key masked
+    s = q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.3 + mask
+    logits = torch.cat([s, sinks.reshape(1, -1, 1, 1).expand(2, -1, 7, 1)], -1)
+    want = torch.softmax(logits - logits.amax(-1, keepdim=True), -1)[..., :-1] @ v.repeat_interleave(2, 1)
+    assert_close(attn.reference(q, k, v, scale=0.3, mask=mask, sinks=sinks), want)
+    assert_close(attn.unfused(q, k, v, None, None, mask, False, 0.3, False, None, 0.0, sinks), want)
+    assert (want[1, :, 0] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sinks_kernel_prefill_and_split_decode(dtype):
+    """The sink counts once per row: in the prefill tiles, in decode's packed heads, and in
+    one split of the keys only (split 0), with and without masks (a fully masked row: 0)."""
+    gen = _gen(6)
+    q, k, v = _qkv(2, 4, 2, 19, 19, 16, dtype, gen)
+    sinks = 2 * randn_nonzero((4,), torch.float32, CPU, gen)
+    mask = torch.zeros(2, 1, 19, 19, dtype=dtype)
+    mask[1, :, :3] = float("-inf")
+    for cfg in (_cfg(16, 16), _cfg(32, 16, stages=1)):
+        _check(q, k, v, causal=True, config=cfg, sinks=sinks)
+        _check(q, k, v, mask=mask, config=cfg, sinks=sinks, scale=0.4)
+    for splits in (1, 2, 4):
+        _check(q[:, :, :2], k, v, config=_cfg(16, 16, splits=splits), sinks=sinks)
+    with pytest.raises(KernelInputError, match="sinks"):
+        attn.launch_attention(q, k, v, sinks=sinks[:3])

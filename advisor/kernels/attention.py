@@ -81,10 +81,12 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 def reference(q, k, v, cos=None, sin=None, causal: bool = False, scale: float | None = None,
               mask=None, rope: bool | None = None, interleaved: bool = False,
-              q_pos=None, softcap: float = 0.0) -> torch.Tensor:
+              q_pos=None, softcap: float = 0.0, sinks=None) -> torch.Tensor:
     """softmax(cap(q·kᵀ·scale) + mask [+ causal] [+ keys past q_pos]) · v in fp32, cast to
     q.dtype, where cap(s) = softcap·tanh(s / softcap) when softcap > 0 (Gemma 2's logit
-    soft-capping) and s otherwise; rows with every key masked give 0. RoPE (`rope`, default: cos given) is
+    soft-capping) and s otherwise; rows with every key masked give 0. `sinks` (Hq,): one more
+    logit per head in every row's softmax, with no value (GPT-OSS's attention sinks: it
+    takes a share of the weight). RoPE (`rope`, default: cos given) is
     `advisor.kernels.rope.reference` (rotated q, k rounded to q.dtype, as HF does before
     attention).
 
@@ -114,9 +116,12 @@ def reference(q, k, v, cos=None, sin=None, causal: bool = False, scale: float | 
     if tk == 0:
         return q.new_zeros(q.shape)
     m = s.amax(-1, keepdim=True)
+    sink = None if sinks is None else sinks.float().reshape(1, -1, 1, 1)  # (1, Hq, 1, 1)
+    if sink is not None:
+        m = torch.maximum(m, sink)
     m = torch.where(m == float("-inf"), 0.0, m)  # fully masked row: p = 0 instead of NaN
     p = torch.exp(s - m)
-    total = p.sum(-1, keepdim=True)
+    total = p.sum(-1, keepdim=True) + (0 if sink is None else torch.exp(sink - m))
     return ((p @ vf) / torch.where(total == 0, 1.0, total)).to(q.dtype)
 
 
@@ -131,20 +136,20 @@ def position_keep(q_pos, tq: int, tk: int) -> torch.Tensor:
 
 
 def reference_op(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos=None,
-                 softcap: float = 0.0) -> torch.Tensor:
+                 softcap: float = 0.0, sinks=None) -> torch.Tensor:
     """`reference` in the custom op's argument order (the KernelSpec tuple)."""
     return reference(q, k, v, cos, sin, causal, scale, mask, cos is not None, interleaved, q_pos,
-                     softcap)
+                     softcap, sinks)
 
 
 def unfused(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos=None,
-            softcap: float = 0.0) -> torch.Tensor:
+            softcap: float = 0.0, sinks=None) -> torch.Tensor:
     """The eager ops a `transformers` model runs instead: RoPE as separate elementwise ops
     (`rope.unfused`), then `scaled_dot_product_attention` with its best backend (GQA through
     `enable_gqa`, causal through `is_causal` where queries and keys align, else a bottom-right
-    boolean mask); with a softcap, which SDPA has not, the eager matmul → scale → cap → mask
-    → softmax → matmul Gemma 2 runs. The benchmark's baseline; rows with every key masked
-    give NaN here."""
+    boolean mask); with a softcap or sinks, which SDPA has not, the eager matmul → scale →
+    cap → mask → [cat sinks] → softmax → matmul Gemma 2 and GPT-OSS run. The benchmark's
+    baseline; rows with every key masked give NaN here."""
     tq, tk = q.shape[2], k.shape[2]
     if cos is not None:
         if tq == tk:
@@ -163,16 +168,20 @@ def unfused(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos=None,
         else:
             keep = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
             attn_mask = keep if attn_mask is None else attn_mask.masked_fill(~keep, float("-inf"))
-    if softcap:
+    if softcap or sinks is not None:
         group = q.shape[1] // k.shape[1]
         k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
-        s = torch.tanh(q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
-                       / softcap) * softcap
+        s = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+        s = torch.tanh(s / softcap) * softcap if softcap else s
         if is_causal:
             attn_mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
         if attn_mask is not None:
             s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
-        return torch.softmax(s.float(), -1).to(q.dtype) @ v
+        if sinks is None:
+            return torch.softmax(s.float(), -1).to(q.dtype) @ v
+        sink = sinks.to(s.dtype).reshape(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+        p = torch.softmax(torch.cat([s, sink], -1).float(), -1)[..., :-1]
+        return p.to(q.dtype) @ v
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                           scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
@@ -339,6 +348,7 @@ def _attn_kernel(
     Q, K, V,  # (B, Hq, Tq, D), (B, Hkv, Tk, D), (B, Hkv, Tk, D); any strides
     KD, VD,  # TMA: descriptors of K and V (see _attend); else unused
     COS, SIN,  # (Bc, Tk, R) contiguous tables (read iff R > 0)
+    SINKS,  # (Hq,) fp32: a logit per head with no value in every row's softmax (iff HAS_SINKS)
     MASK,  # additive mask as a (B, Hq, Tq, Tk) view, stride 0 on broadcast dims (iff HAS_MASK)
     POS,  # integer positions (B|1, Tq), strides sp_b (0: one row for every batch), sp_t (iff HAS_POS)
     OUT,  # SPLIT: fp32 partial acc (SPLITS, B, Hq, Tq, D); else out (B, Hq, Tq, D) contiguous
@@ -356,6 +366,7 @@ def _attn_kernel(
     INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr, INTERP_BF16: tl.constexpr,
     FINITE: tl.constexpr,  # no additive mask, no softcap, qk_scale >= 0: the FAST path
     SOFTCAP: tl.constexpr,  # logits soft-capped (see _attend)
+    HAS_SINKS: tl.constexpr,
     EVEN_D: tl.constexpr,  # D == BLOCK_D: no head-dim masks
     PREFILL: tl.constexpr,  # grid (B·Hq, cdiv(Tq, BLOCK_M)): heads first, see below
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -410,6 +421,10 @@ def _attn_kernel(
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
+    if HAS_SINKS:
+        if split == 0:  # the sink is a key of the first split's: m = its logit, l = e^0
+            m_i = tl.load(SINKS + head, mask=row_ok, other=0.0) * LOG2E
+            l_i = tl.full((BLOCK_M,), 1.0, tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     k_base = K + b * sk_b + kvh * sk_h
     v_base = V + b * sv_b + kvh * sv_h
@@ -574,7 +589,7 @@ SPACE = ConfigSpace(
 
 
 def problem(q, k, v, cos=None, sin=None, mask=None, causal=False, scale=None,
-            interleaved=False, q_pos=None, softcap=0.0) -> Problem:
+            interleaved=False, q_pos=None, softcap=0.0, sinks=None) -> Problem:
     """Shape facts for `SPACE` (custom-op argument order, as the KernelSpec tuple)."""
     b, hq, tq, d = q.shape
     return {"dtype": str(q.dtype), "batch": b, "hq": hq, "hkv": max(k.shape[1], 1), "tq": tq,
@@ -640,7 +655,8 @@ def _positions(q, q_pos) -> torch.Tensor:
     return q_pos.reshape(-1, tq) if tq else q_pos.reshape(1, 0)
 
 
-def _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos=None, softcap=0.0):
+def _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos=None, softcap=0.0,
+             sinks=None):
     """Check everything; return (config, (cos, sin) as (Bc, Tk, R) or None, mask view or
     None, positions as (B|1, Tq) or None)."""
     _check_qkv(q, k, v)
@@ -649,12 +665,16 @@ def _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos=
     pos = _positions(q, q_pos) if q_pos is not None else None
     check(softcap >= 0 and math.isfinite(softcap),
           f"softcap must be finite and >= 0 (0: none); got {softcap}")
+    if sinks is not None:
+        check_float("sinks", sinks)
+        check(sinks.shape == (q.shape[1],) and sinks.device == q.device,
+              f"sinks {tuple(sinks.shape)} on {sinks.device}: need (Hq={q.shape[1]},) on {q.device}")
     p = problem(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos)
     return SPACE.resolve(config, p), tables, m4, pos
 
 
 def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=False, pos=None,
-         softcap=0.0):
+         softcap=0.0, sinks=None):
     """Launch (or only compile: `warmup`) on checked inputs. Returns (out, compiled)."""
     b, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
@@ -682,7 +702,8 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
         ml = torch.empty((2, splits, b, hq, tq), dtype=torch.float32, device=q.device)
     block = [1, 1, bn, _block_d(d)]
     kd, vd = (descriptor(k, block), descriptor(v, block)) if tma else (q, q)  # unused: dummies
-    args = (q, k, v, kd, vd, c, s, m4 if m4 is not None else q, pos if pos is not None else q,
+    sinks32 = sinks.float().contiguous() if sinks is not None else q  # (Hq,) fp32, or a dummy
+    args = (q, k, v, kd, vd, c, s, sinks32, m4 if m4 is not None else q, pos if pos is not None else q,
             acc, ml[0], ml[1],
             tq, tk, hq, d, b * hq * tq, hq // hkv, pack,
             triton.cdiv(triton.cdiv(tk, splits), bn) * bn,  # keys per split, whole blocks
@@ -695,6 +716,7 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
             "INTERLEAVED": bool(interleaved) and rot > 0, "SPLIT": splits > 1,
             "INTERP_BF16": interpreting() and q.dtype == torch.bfloat16,
             "FINITE": m4 is None and scale >= 0 and not softcap, "SOFTCAP": bool(softcap),
+            "HAS_SINKS": sinks is not None,
             "EVEN_D": d == _block_d(d), "PREFILL": prefill,
             "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": bn, "BLOCK_D": _block_d(d),
             "BLOCK_TQ": triton.next_power_of_2(tq) if splits > 1 and pos is not None else 1,
@@ -730,28 +752,31 @@ def _causal_for_mask(q, k, mask, causal) -> tuple[Any, bool]:
 
 def launch_attention(q, k, v, cos=None, sin=None, mask=None, causal: bool = False,
                      scale: float | None = None, interleaved: bool = False, q_pos=None,
-                     softcap: float = 0.0, config: Mapping[str, int] | None = None) -> torch.Tensor:
+                     softcap: float = 0.0, sinks=None,
+                     config: Mapping[str, int] | None = None) -> torch.Tensor:
     """Attention of q (B, Hq, Tq, D) over k, v (B, Hkv, Tk, D); RoPE iff cos is given.
     Returns a new contiguous (B, Hq, Tq, D) tensor (`reference_op` semantics)."""
     mask, causal = _causal_for_mask(q, k, mask, causal)
     k = _rotate_k_once(q, k, cos, sin, interleaved)
     cfg, tables, m4, pos = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config,
-                                    q_pos, softcap)
-    return _run(q, k, v, tables, m4, causal, scale, interleaved, cfg, pos=pos, softcap=softcap)[0]
+                                    q_pos, softcap, sinks)
+    return _run(q, k, v, tables, m4, causal, scale, interleaved, cfg, pos=pos, softcap=softcap,
+                sinks=sinks)[0]
 
 
 def spills_attention(q, k, v, cos=None, sin=None, mask=None, causal=False, scale=None,
-                     interleaved=False, q_pos=None, softcap=0.0, config=None) -> int | None:
+                     interleaved=False, q_pos=None, softcap=0.0, sinks=None, config=None) -> int | None:
     """Register spills of the compiled attention kernel; None under the interpreter or off
     CUDA (the combine kernel is tiny and not reported)."""
     if interpreting() or q.device.type != "cuda" or q.numel() == 0 or k.shape[2] == 0:
-        _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos, softcap)  # checks
+        _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config, q_pos, softcap, sinks)
         return None
     mask, causal = _causal_for_mask(q, k, mask, causal)  # the kernel that would run
     k = _rotate_k_once(q, k, cos, sin, interleaved)
     cfg, tables, m4, pos = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config,
-                                    q_pos, softcap)
-    res = resources(_run(q, k, v, tables, m4, causal, scale, interleaved, cfg, True, pos, softcap)[1])
+                                    q_pos, softcap, sinks)
+    res = resources(_run(q, k, v, tables, m4, causal, scale, interleaved, cfg, True, pos, softcap,
+                         sinks)[1])
     return None if res is None else res.n_spills
 
 
@@ -770,24 +795,25 @@ def flops(q, k, *_, causal: bool = False) -> int:  # q_pos bounds: counted as al
 @torch.library.custom_op(
     "advisor::attention", mutates_args=(),
     schema="(Tensor q, Tensor k, Tensor v, Tensor? cos, Tensor? sin, Tensor? mask, bool causal, "
-           "float scale, bool interleaved, Tensor? q_pos, float softcap, str config) -> Tensor")
-def attention(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, softcap, config):
+           "float scale, bool interleaved, Tensor? q_pos, float softcap, Tensor? sinks, "
+           "str config) -> Tensor")
+def attention(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, softcap, sinks, config):
     if triton_can_run(q) and q.dim() == 4 and q.shape[-1] <= MAX_D:
         return launch_attention(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos,
-                                softcap, config=decode(config) or None)
+                                softcap, sinks, config=decode(config) or None)
     return reference_op(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos,
-                        softcap).contiguous()
+                        softcap, sinks).contiguous()
 
 
 attention.register_fake(lambda q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, softcap,
-                        config: q.new_empty(q.shape))
+                        sinks, config: q.new_empty(q.shape))
 
 
 # --------------------------------------------------------------------------- registry
 
 
 def make_inputs(dims, dtype, device, generator) -> tuple:
-    """(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, softcap): q/k/v are HF-style
+    """(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, softcap, sinks): q/k/v are HF-style
     transposed (B, T, H, D) views; `mask` adds a left-padding mask (batch row b masks its
     first 2·b keys with -inf, so early rows of later batches are fully masked when causal);
     `pos` gives query i of batch b the position Tk - Tq + i - 5·b (a static cache with
@@ -814,8 +840,10 @@ def make_inputs(dims, dtype, device, generator) -> tuple:
         q_pos = (tk - tq + rows).clamp(min=-1)  # (B, Tq) int64
     # softcap: Gemma 2's 50 would cap nothing at unit scores; 2 caps most of them
     softcap = float(dims.get("softcap", 0))
+    # sinks: logits of a few units, as GPT-OSS's are: a visible share of every row's weight
+    sinks = 2 * randn_nonzero((hq,), torch.float32, device, generator) if dims.get("sinks", 0) else None
     return q, k, v, cos, sin, mask, bool(dims.get("causal", 0)), d ** -0.5 * dims.get("gain", 1), \
-        inter, q_pos, softcap
+        inter, q_pos, softcap, sinks
 
 
 def _unique_bytes(t: torch.Tensor | None) -> int:
@@ -826,7 +854,7 @@ def _unique_bytes(t: torch.Tensor | None) -> int:
 
 
 def bytes_moved(q, k, v, cos=None, sin=None, mask=None, causal=False, scale=None,
-                interleaved=False, q_pos=None, softcap=0.0) -> int:
+                interleaved=False, q_pos=None, softcap=0.0, sinks=None) -> int:
     """Read q, k, v, cos, sin, mask once; write out (B, Hq, Tq, D)."""
     tables = _unique_bytes(cos) + _unique_bytes(sin)
     return 2 * _unique_bytes(q) + _unique_bytes(k) + _unique_bytes(v) + tables + _unique_bytes(
@@ -856,7 +884,9 @@ register(KernelSpec(
                 "rope": 1, "interleaved": 1},
                {"batch": 2, "hq": 4, "hkv": 2, "tq": 18, "tk": 30, "d": 16, "pos": 1},
                {"batch": 2, "hq": 4, "hkv": 2, "tq": 23, "tk": 23, "d": 32, "causal": 1, "mask": 1,
-                "softcap": 2, "gain": 4}),
+                "softcap": 2, "gain": 4},
+               {"batch": 2, "hq": 4, "hkv": 2, "tq": 20, "tk": 20, "d": 16, "causal": 1, "mask": 1,
+                "sinks": 1}),
 ))
 register(KernelSpec(
     name="attention_decode", reference=reference_op, launch=launch_attention, space=SPACE,
@@ -867,5 +897,6 @@ register(KernelSpec(
                {"batch": 2, "hq": 4, "hkv": 2, "tq": 2, "tk": 45, "d": 32, "pos": 1},
                {"batch": 1, "hq": 3, "hkv": 1, "tq": 3, "tk": 29, "d": 16, "rope": 1,
                 "mask": 1},
-               {"batch": 2, "hq": 4, "hkv": 2, "tq": 1, "tk": 41, "d": 32, "softcap": 2, "gain": 4}),
+               {"batch": 2, "hq": 4, "hkv": 2, "tq": 1, "tk": 41, "d": 32, "softcap": 2, "gain": 4},
+               {"batch": 2, "hq": 4, "hkv": 2, "tq": 2, "tk": 37, "d": 16, "sinks": 1, "mask": 1}),
 ))

@@ -30,7 +30,7 @@ KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "rope_qk": (("q", "k", "cos", "sin", "interleaved"), ("q", "k")),
     "linear_swiglu": (("x", "weights", "activation"), ("y",)),
     "attention": (("q", "k", "v", "cos", "sin", "mask", "causal", "scale", "interleaved", "q_pos",
-                   "softcap"), ("y",)),
+                   "softcap", "sinks"), ("y",)),
     "rmsnorm_linear": (("x", "weight", "weights", "eps", "weight_offset"), ("y",)),  # own emitter
     "rmsnorm_swiglu": (("x", "weight", "weights", "eps", "weight_offset", "activation"), ("y",)),
     "gemm_epilogue": (("x", "weight", "bias", "residual", "activation"), ("y",)),  # own emitter
@@ -39,7 +39,8 @@ KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-OPTIONAL_OPERANDS = {"weight", "bias", "cos", "sin", "mask", "q_pos"}  # may be None (the op takes Tensor?)
+# may be None (the op takes Tensor?)
+OPTIONAL_OPERANDS = {"weight", "bias", "cos", "sin", "mask", "q_pos", "sinks"}
 
 
 class EmitError(Exception):

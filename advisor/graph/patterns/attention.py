@@ -479,7 +479,7 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         scale = site.scale or 1.0 / math.sqrt(int(tq.shape[-1]))
         base = (*mask_nodes, *k_chain, *v_chain, *site.nodes)
         common = {"v": v, "mask": mask, "causal": site.causal, "scale": float(scale),
-                  "interleaved": False, "q_pos": q_pos, "softcap": site.softcap,
+                  "interleaved": False, "q_pos": q_pos, "softcap": site.softcap, "sinks": None,
                   # made one additive mask with `mask` at emit (emit.py `_additive_mask`)
                   **({"drop": site.drop, "drop_keeps": site.keeps, "drop_value": site.drop_value}
                      if site.drop is not None else {})}
