@@ -11,8 +11,8 @@ attention (views of v over a merged projection's column block); hand-written dec
 whose RoPE is gpt-fast's (re, im) pairs, Meta's complex product, GPT-OSS's halves, or
 NanoChat's halves the other way with weightless `F.rms_norm`, and one whose projections
 are einsums (session 26). Session 28: attention written out, fused as written — Gemma 2
-(soft-capped logits, sliding windows; eager only) and a hand-written decoder with
-nanoGPT's masked_fill attention.
+(soft-capped logits, sliding windows; eager only), GPT-OSS (attention sinks; eager only)
+and a hand-written decoder with nanoGPT's masked_fill attention.
 
     python benchmarks/check_spellings.py [model ...]   # writes spellings-check.json under $OUT
 """
@@ -48,10 +48,16 @@ HF = {
     "Gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(_DECODER, head_dim=64, attn_logit_softcapping=2.0,
                                                            final_logit_softcapping=30.0, sliding_window=16,
                                                            query_pre_attn_scalar=64)),
+    # attention sinks (eager only), sliding-window layers; every token to all 4 experts: a
+    # top-2 routing flips on bf16 rounding and moves the logits by more than any kernel
+    # (tiny GPT-OSS at 64 tokens: eager 0.063 from fp32, RoPE alone fused 0.096)
+    "GptOss": ("GptOssConfig", "GptOssForCausalLM", dict(_DECODER, head_dim=64, num_local_experts=4,
+                                                         num_experts_per_tok=4, sliding_window=16,
+                                                         layer_types=["sliding_attention", "full_attention"])),
 }
 # eager attention (session 28: fused as written): views of v that a merged projection's block
 # breaks; Gemma 2 runs no other
-EAGER = {"LlamaMHAEager", "Gemma2"}
+EAGER = {"LlamaMHAEager", "Gemma2", "GptOss"}
 
 
 def _hf(name: str) -> torch.nn.Module:
@@ -70,6 +76,8 @@ def _hf(name: str) -> torch.nn.Module:
         for n, p in model.named_parameters():
             if p.dim() == 1:
                 p.uniform_(0.5, 1.5) if "norm" in n or "ln" in n else p.normal_(0, 0.02)
+            if name == "GptOss" and n.endswith("sinks"):
+                p.normal_(0, 1)  # logits of a few units, as trained sinks are
             elif name == "Gemma2" and ("q_proj" in n or "k_proj" in n):
                 p.mul_(8)  # scores well past the cap: a kernel without it would not match
     return model

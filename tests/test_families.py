@@ -144,6 +144,10 @@ _EAGER = {  # family: (config, model, config kwargs, the attention family that m
     "GPTNeo": ("GPTNeoConfig", "GPTNeoForCausalLM",
                dict(hidden_size=64, num_layers=2, num_heads=4, vocab_size=128, max_position_embeddings=256,
                     attention_types=[[["global", "local"], 1]], window_size=4), "attention"),
+    # attention sinks: cat([scores, sinks]), minus the row max, softmax, [..., :-1]
+    "GptOss": ("GptOssConfig", "GptOssForCausalLM",
+               dict(_DECODER, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                    layer_types=["sliding_attention", "full_attention"]), "attention_rope"),
     # an ALiBi bias added, then masked_fill(mask, finfo.min)
     "MPT": ("MptConfig", "MptForCausalLM", dict(d_model=64, n_heads=4, n_layers=2, vocab_size=128,
                                                 max_seq_len=256), "attention"),

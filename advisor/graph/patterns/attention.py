@@ -42,15 +42,17 @@ def _explicit_attention(softmax: fx.Node) -> tuple[fx.Node, ...] | None:
     → [cast] → softmax → [cast] → matmul, as nodes; else None. On 4-D tensors `@` is expand
     → view → bmm on both sides of the softmax."""
     chain, node = [softmax], softmax.args[0]
-    while is_op(node, aten.mul.Tensor, aten.div.Tensor, aten.add.Tensor, aten.tanh.default,
-                aten.masked_fill.Scalar, *_WHERE, *_VIEWS, *CAST_OPS):
+    while is_op(node, aten.mul.Tensor, aten.div.Tensor, aten.add.Tensor, aten.sub.Tensor,
+                aten.tanh.default, aten.masked_fill.Scalar, aten.cat.default, *_WHERE, *_VIEWS,
+                *CAST_OPS):
         chain.append(node)
         node = scores_in(node)
     if not is_op(node, *MATMUL_OPS):
         return None
     after, cur = [], softmax
     while (out := next((u for u in cur.users if is_op(u, *MATMUL_OPS)), None)) is None:
-        if len(cur.users) != 1 or not is_op(nxt := next(iter(cur.users)), *_VIEWS, *CAST_OPS):
+        if len(cur.users) != 1 or not is_op(nxt := next(iter(cur.users)), *_VIEWS, *CAST_OPS,
+                                            aten.clone.default, aten.slice.Tensor):
             return None
         after.append(nxt)
         cur = nxt
@@ -61,9 +63,13 @@ _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.expand.default)
 
 
 def scores_in(node: fx.Node) -> Any:
-    """The scores an op of the chain reads: where(cond, scores, fill)'s second argument, the
-    first of any other."""
-    return node.args[1] if is_op(node, *_WHERE) else node.args[0]
+    """The scores an op of the chain reads: where(cond, scores, fill)'s second argument,
+    cat([scores, sinks])'s first tensor, the first argument of any other."""
+    if is_op(node, *_WHERE):
+        return node.args[1]
+    if is_op(node, aten.cat.default):
+        return node.args[0][0] if node.args[0] else None
+    return node.args[0]
 
 
 def find(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
@@ -290,6 +296,7 @@ class _Site:
     # constants it reads (a fill value or a scale made as a tensor): in the site, so that
     # confirmation runs them as they are, and kept for any other reader
     constants: tuple[fx.Node, ...] = ()
+    sinks: Any = None    # (Hq,) node: a logit per head with no value (GPT-OSS), or None
 
 
 def _sdpa_site(node: fx.Node) -> _Site | None:
@@ -341,7 +348,11 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
     read = _read_scores(list(nodes[1:nodes.index(softmax)]))
     if read is None:
         return None
-    scale, softcap, mask, (drop, keeps, value), constants = read
+    scale, softcap, mask, (drop, keeps, value), constants, (sinks, side) = read
+    post = nodes[nodes.index(softmax) + 1:-1]  # between the softmax and P·V
+    dropped = [n for n in post if is_op(n, aten.slice.Tensor)]
+    if len(dropped) != (sinks is not None) or any(not _drops_last_column(n) for n in dropped):
+        return None  # the sink's column is dropped after the softmax, and nothing else is
     y = mm2
     if is_op(mm2, aten.bmm.default):
         views = [u for u in mm2.users if is_op(u, aten.view.default, aten._unsafe_view.default)]
@@ -358,24 +369,39 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
     if ty is None or tq is None or not same_sizes(ty, tq) or ty.dtype != tq.dtype:
         return None
     own = (*q_up, *q_chain, *k_up, kt, *kt_chain, *nodes, *v_chain, *([y] if y is not mm2 else []),
-           *constants)
+           *side, *constants)
     return _Site(q, k, v, mask, False, drop, keeps, value, scale, softcap, tuple(dict.fromkeys(own)), y,
-                 tuple(constants))
+                 tuple(constants), sinks)
 
 
 def _read_scores(ops: list[fx.Node]) -> tuple[float, float, Any, tuple[Any, bool, float],
-                                              list[fx.Node]] | None:
-    """(scale, softcap, additive mask, (drop cond, keeps, drop value), the constants' nodes)
-    of the ops between q·kᵀ and the
+                                              list[fx.Node], tuple[Any, list[fx.Node]]] | None:
+    """(scale, softcap, additive mask, (drop cond, keeps, drop value), the constants' nodes,
+    (sinks, the nodes read beside the chain)) of the ops between q·kᵀ and the
     softmax, in order; None where the kernel computes something else: a scale or a cap after
     an additive mask (it would scale the mask), a cap after a drop (cap(-inf) = -cap keeps
     the score) or after another cap, two masks or two drops, anything else."""
     scale, softcap, mask, drop, keeps, value = 1.0, 0.0, None, None, False, 0.0
     constants: list[fx.Node] = []
+    sinks, side = None, []  # after cat([s, sinks]) only casts and a max subtracted may follow
     i = 0
     while i < len(ops):
         n = ops[i]
         if is_op(n, *_VIEWS, *CAST_OPS):
+            i += 1
+            continue
+        if (stable := _minus_row_max(n)) is not None:  # softmax(x - max x) = softmax(x)
+            side += stable
+            i += 1
+            continue
+        if sinks is not None:
+            return None  # a scale, cap or mask after the sink's column would change it
+        if is_op(n, aten.cat.default):
+            found = _sink_column(n)
+            if found is None:
+                return None
+            sinks, views = found
+            side += views
             i += 1
             continue
         # a number, or a scalar_tensor / full of one (GPT-2's / torch.full([], √d))
@@ -402,7 +428,54 @@ def _read_scores(ops: list[fx.Node]) -> tuple[float, float, Any, tuple[Any, bool
         else:
             return None
         i += 1
-    return scale, softcap, mask, (drop, keeps, value), constants
+    return scale, softcap, mask, (drop, keeps, value), constants, (sinks, side)
+
+
+def _minus_row_max(n: fx.Node) -> list[fx.Node] | None:
+    """sub(x, max(x, -1, keepdim=True)) (max.dim's values, or amax): the max's nodes."""
+    if not is_op(n, aten.sub.Tensor) or n.kwargs.get("alpha", 1) != 1 or not isinstance(n.args[1], fx.Node):
+        return None
+    x, m = n.args[0], n.args[1]
+    if is_getitem(m) and m.args[1] == 0 and is_op(m.args[0], aten.max.dim):
+        top, nodes = m.args[0], [m, m.args[0]]
+        dims, keep = [top.args[1]], top.args[2] if len(top.args) > 2 else top.kwargs.get("keepdim")
+    elif is_op(m, aten.amax.default):
+        top, nodes = m, [m]
+        dims, keep = list(m.args[1]), m.args[2] if len(m.args) > 2 else m.kwargs.get("keepdim")
+    else:
+        return None
+    t = fake(x)
+    ok = top.args[0] is x and keep and t is not None and [int(d) % t.dim() for d in dims] == [t.dim() - 1]
+    return nodes if ok and all(len(u.users) == 1 for u in nodes) else None
+
+
+def _sink_column(cat: fx.Node) -> tuple[Any, list[fx.Node]] | None:
+    """cat([scores, sinks viewed (1, Hq, 1, 1) and expanded (B, Hq, Tq, 1)], -1): (the
+    (Hq,) sinks, the views between)."""
+    parts, dim = cat.args[0], cat.args[1] if len(cat.args) > 1 else 0
+    t = fake(cat)
+    if len(parts) != 2 or t is None or int(dim) % t.dim() != t.dim() - 1:
+        return None
+    src, views = parts[1], []
+    while is_op(src, aten.expand.default, aten.view.default, aten.reshape.default,
+                aten._unsafe_view.default, aten.unsqueeze.default) and len(src.users) == 1:
+        views.append(src)
+        src = src.args[0]
+    ts, tc = fake(src), fake(parts[1])
+    if ts is None or tc is None or ts.dim() != 1 or not _same(tc.shape[-1], 1) \
+            or not _same(ts.shape[0], t.shape[1]):
+        return None
+    return src, views
+
+
+def _drops_last_column(n: fx.Node) -> bool:
+    """probs[..., :-1]: the sink's column dropped."""
+    t = fake(n.args[0])
+    dim, start = int(n.args[1]) if len(n.args) > 1 else 0, n.args[2] if len(n.args) > 2 else 0
+    end = n.args[3] if len(n.args) > 3 else None
+    if t is None or dim % t.dim() != t.dim() - 1 or start not in (0, None):
+        return False
+    return end == -1 or (end is not None and _same(end, t.shape[-1] - 1))
 
 
 def _drop_cond(n: fx.Node) -> tuple[Any, float, list[fx.Node]] | None:
@@ -479,7 +552,7 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         scale = site.scale or 1.0 / math.sqrt(int(tq.shape[-1]))
         base = (*mask_nodes, *k_chain, *v_chain, *site.nodes)
         common = {"v": v, "mask": mask, "causal": site.causal, "scale": float(scale),
-                  "interleaved": False, "q_pos": q_pos, "softcap": site.softcap, "sinks": None,
+                  "interleaved": False, "q_pos": q_pos, "softcap": site.softcap, "sinks": site.sinks,
                   # made one additive mask with `mask` at emit (emit.py `_additive_mask`)
                   **({"drop": site.drop, "drop_keeps": site.keeps, "drop_value": site.drop_value}
                      if site.drop is not None else {})}
