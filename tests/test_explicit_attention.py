@@ -41,15 +41,20 @@ class _Attention(nn.Module):
             att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
             y = F.softmax(att, dim=-1) @ v
         elif self.spelling == "padded":  # a finite fill, and the first 3 keys dropped for all:
-            # rows 0-2 drop every key, and eager averages v there (all scores -1e9)
+            # rows 0-2 drop every key, and eager averages v there (all scores -1e5; a kernel
+            # adding -1e5 to s would give softmax(s) there)
             drop = (self.bias[:, :, :t, :t] == 0) | (torch.arange(t, device=x.device) < 3)
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-            y = F.softmax(att.masked_fill(drop, -1e9), dim=-1) @ v
-        elif self.spelling == "gpt-neo":  # where(keep, s, finfo.min) in fp32, no scale, then / c
+            y = F.softmax(att.masked_fill(drop, -1e5), dim=-1) @ v
+        elif self.spelling == "gpt-neo":  # q, k upcast; where(keep, s, finfo.min), / c, then a
+            # padding mask added (min at the first 2 keys): a causally dropped padding key is
+            # min + min = -inf in eager, a padded one kept is min (rows 0-1: uniform over j <= i)
             keep = self.bias[:, :, :t, :t].bool()
             att = torch.matmul(q.float(), k.float().transpose(-1, -2))
-            att = torch.where(keep, att, torch.tensor(torch.finfo(att.dtype).min)) / 2.0
-            y = torch.matmul(F.softmax(att, dim=-1).to(v.dtype), v)
+            att = torch.where(keep, att, torch.tensor(torch.finfo(torch.float32).min)) / 2.0
+            pad = torch.zeros(t, device=x.device).masked_fill(torch.arange(t, device=x.device) < 2,
+                                                              torch.finfo(torch.float32).min)
+            y = torch.matmul(F.softmax(att + pad, dim=-1).to(v.dtype), v)
         else:  # Meta's reference
             mask = torch.full((t, t), float("-inf"), device=x.device).triu(1)
             scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(c // HEADS) + mask
@@ -76,14 +81,18 @@ def _ids(t: int) -> torch.Tensor:
     return torch.randint(0, 64, (2, t), generator=torch.Generator().manual_seed(t))
 
 
-@pytest.mark.parametrize("spelling", ["nanogpt", "meta", "padded", "gpt-neo"])
-def test_hand_written_attention_is_one_kernel(spelling):
+@pytest.mark.parametrize("spelling, dtype", [("nanogpt", torch.float32), ("meta", torch.float32),
+                                             ("padded", torch.float32), ("gpt-neo", torch.float32),
+                                             ("gpt-neo", torch.bfloat16)])
+def test_hand_written_attention_is_one_kernel(spelling, dtype):
+    """bf16 GPT-Neo: the mask made at emit is fp32 (fp32's min in a bf16 mask is -inf, and
+    confirmation refused every site)."""
     torch.manual_seed(0)
-    model = _Model(spelling).eval()
+    model = _Model(spelling).eval().to(dtype)
     refs = {t: model(_ids(t)) for t in (1, 7)}
     fast = apply(model, Plan(("attention",)))
     for t, ref in refs.items():
-        assert max_violation(fast(_ids(t)), ref, tolerance(torch.float32, model=True)) <= 0
+        assert max_violation(fast(_ids(t)), ref, tolerance(dtype, model=True)) <= 0
     rows = fast.summary()
     row = next(r for r in rows if r["family"] == "attention")
     assert row["applied"] >= 2 and not row["unfused"], row
@@ -91,4 +100,40 @@ def test_hand_written_attention_is_one_kernel(spelling):
     assert total["launches_after"] < total["launches_before"] - 8, total  # ~6 ops a layer each
     # with every family on, the outputs still match
     fast = apply(model, ALL_FUSIONS)
-    assert max_violation(fast(_ids(7)), refs[7], tolerance(torch.float32, model=True)) <= 0
+    assert max_violation(fast(_ids(7)), refs[7], tolerance(dtype, model=True)) <= 0
+
+
+def test_constants_are_read_as_the_graph_holds_them():
+    """GPT-2's scale is full([], √head_dim, dtype=bf16): 4.46875 for head dim 20, not 4.4721."""
+    from torch import fx
+
+    from advisor.graph.patterns.attention import _constant
+
+    graph = fx.Graph()
+    node = graph.call_function(torch.ops.aten.full.default, ([], 20 ** 0.5), {"dtype": torch.bfloat16})
+    assert _constant(node)[0] == 4.46875
+    assert _constant(graph.call_function(torch.ops.aten.full.default, ([], 0.5), {}))[0] == 0.5
+
+
+def test_confirmation_judges_where_the_truth_is_finite():
+    """A where(keep, s, -inf) confirmation whose rows were all dropped made eager's error
+    inf, and any output passed (a wrong kernel was accepted): now only finite truth is
+    compared, and a truth with none refuses. Bool masks are drawn keeping key 0."""
+    from torch import fx
+
+    from advisor.runtime.rewrite import _as_accurate, random_like
+
+    truth = (torch.tensor([1.0, float("nan"), 2.0], dtype=torch.float64),)
+    eager = (torch.tensor([1.0, float("nan"), 2.0]),)
+    assert _as_accurate((torch.tensor([1.0, 0.0, 2.0]),), eager, truth)
+    assert not _as_accurate((torch.tensor([1.5, 0.0, 2.0]),), eager, truth)
+    nothing = (torch.full((3,), float("nan"), dtype=torch.float64),)
+    assert not _as_accurate((torch.zeros(3),), (torch.zeros(3),), nothing)
+    graph = fx.Graph()
+    cond = graph.placeholder("cond")
+    cond.meta["val"] = torch.zeros(2, 1, 5, 9, dtype=torch.bool)
+    gen = torch.Generator().manual_seed(0)
+    keep = random_like(cond, gen, keeps=True)
+    drop = random_like(cond, gen)
+    assert keep[..., 0].all() and not drop[..., 0].any()
+    assert 0.5 < keep.float().mean() < 1 and 0 < drop.float().mean() < 0.5

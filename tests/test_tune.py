@@ -503,6 +503,15 @@ def test_neighbours_change_what_runs_not_only_the_parameters():
     deep = {**light, "add_rms_norm_linear": True}
     got = [plan_from_params(p, space).fusions for p in neighbour_params(space, deep)]
     assert ("add_rms_norm_linear", "rms_norm", "add_rms_norm", "linear_residual", "rope") in got
+    # add_rms_norm applied at fewer sites than recorded (one refused): the one it did not
+    # take is linear_residual's in the same round — offered plain too.
+    two = replace(space, sites=(("add_rms_norm", ()), ("add_rms_norm", ()), ("linear_residual", (0,)),
+                                ("linear_residual", (1,)), ("rms_norm", ()), ("rope", ())))
+    half = {"rms_norm": 2, "add_rms_norm": 1, "rope": 8}
+    got = [plan_from_params(p, two).fusions for p in neighbour_params(two, light, half)]
+    assert ("rms_norm", "add_rms_norm", "linear_residual", "rope") in got
+    got = [plan_from_params(p, two).fusions for p in neighbour_params(two, light, {**half, "add_rms_norm": 2})]
+    assert ("rms_norm", "linear_residual", "rope") in got
     # Not recorded (a space from before): every family on is offered plain.
     old = replace(space, sites=())
     got = [plan_from_params(p, old).fusions for p in neighbour_params(old, light)]

@@ -211,23 +211,33 @@ def _emit_prepared_rope(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node,
 
 def _additive_mask(graph: fx.Graph, m: Match) -> Match:
     """An attention whose scores are dropped where a bool cond says (masked_fill(cond, v),
-    or where(cond, s, v) keeping where cond is True; v is -inf or a large negative like
-    finfo.min, kept as it is: a row with every score dropped averages v in eager) and maybe
-    also masked additively: the kernel adds one mask, so it is made here — where(cond, v,
-    mask | 0), or where(cond, mask | 0, v) — right after the later of cond and mask (fp32
-    without an additive mask, else that mask's dtype)."""
+    or where(cond, s, v) keeping where cond is True; v is -inf or `attention.DROPPED`) and
+    maybe also masked additively: the kernel adds one fp32 mask, made here right after the
+    later of cond and mask. A mask added before the drop is replaced where it drops:
+    where(cond, v, mask | 0) (or where(cond, mask | 0, v)); one added after it adds to the
+    dropped scores too (GPT-Neo: a padding key causally dropped is -inf there): mask +
+    where(cond, v, 0). fp32 either way: fp32's min in a bf16 mask is -inf."""
     ops = dict(m.operands)
-    cond, keeps, value, add = ops.pop("drop"), ops.pop("drop_keeps"), ops.pop("drop_value"), ops.get("mask")
+    cond, keeps, value = ops.pop("drop"), ops.pop("drop_keeps"), ops.pop("drop_value")
+    after, add = ops.pop("mask_after_drop"), ops.get("mask")
     pos = _position(graph)
-    last = max((n for n in (cond, add) if isinstance(n, fx.Node)), key=pos.__getitem__)
-    if add is None:
-        target, args = aten.where.Scalar, (cond, 0.0, value) if keeps else (cond, value, 0.0)
+    cursor = max((n for n in (cond, add) if isinstance(n, fx.Node)), key=pos.__getitem__)
+
+    def insert(target: Any, *args: Any, **kwargs: Any) -> fx.Node:
+        nonlocal cursor
+        with graph.inserting_after(cursor):
+            cursor = new_node(graph, target, args, kwargs)
+        return cursor
+    if add is not None and fake(add).dtype != torch.float32:
+        add = insert(aten._to_copy.default, add, dtype=torch.float32)
+    if add is None or after:
+        mask = insert(aten.where.Scalar, cond, *((0.0, value) if keeps else (value, 0.0)))
+        if add is not None:
+            mask = insert(aten.add.Tensor, add, mask)
     elif keeps:
-        target, args = aten.where.ScalarOther, (cond, add, value)
+        mask = insert(aten.where.ScalarOther, cond, add, value)
     else:
-        target, args = aten.where.ScalarSelf, (cond, value, add)
-    with graph.inserting_after(last):
-        mask = new_node(graph, target, args)
+        mask = insert(aten.where.ScalarSelf, cond, value, add)
     return dataclasses.replace(m, operands={**ops, "mask": mask})
 
 

@@ -21,6 +21,7 @@ plain data and runs anywhere.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -155,18 +156,21 @@ def first_round(space: BucketSpace, on: Collection[str]) -> list[str | None]:
     return state
 
 
-def blocked_by(space: BucketSpace, family: str, on: Collection[str]) -> set[str]:
+def blocked_by(space: BucketSpace, family: str, on: Collection[str],
+               partial: Collection[str] = ()) -> set[str]:
     """The families of `on` whose sites take every site of `family` first, so that turning
     `family` on beside them changes nothing: its pattern is gone when the next round
     matches the graph they left. Empty when some site of `family` would be its own, when
-    one only waits behind a site that itself waits (the next round may give it back), or
-    when the space recorded no sites."""
+    one only waits behind a site that itself waits (the next round may give it back), when
+    a holder is among `partial` (it applied at fewer sites than recorded: a refused site
+    takes nothing, and the ones behind it are tried in the same round), or when the space
+    recorded no sites."""
     state = first_round(space, {*on, family})
     mine = [i for i, (fam, _) in enumerate(space.sites) if fam == family]
     holders: set[str] = set()
     for i in mine:
         taking = {space.sites[j][0] for j in space.sites[i][1] if state[j] == "takes"}
-        if state[i] == "takes" or not taking:
+        if state[i] == "takes" or not taking or taking & set(partial):
             return set()
         holders |= taking
     return holders & set(on)
@@ -188,13 +192,16 @@ def neighbour_params(space: BucketSpace, params: dict[str, Any],
     + linear_residual was the light plan: add_rms_norm takes the residual add first."""
     plan = plan_from_params(params, space)
     live = set(plan.fusions) if applied is None else {f for f in plan.fusions if applied.get(f, 0)}
+    recorded = Counter(fam for fam, _ in space.sites)
+    partial = set() if applied is None else {f for f in live if applied.get(f, 0) < recorded[f]}
     by_saving = sorted(space.families, key=lambda f: -f.predicted_saving_ms)
 
     def without(p: Plan, off: Collection[str]) -> Plan:
         return replace(p, fusions=tuple(x for x in p.fusions if x not in off),
                        configs={k: v for k, v in p.configs.items() if k not in off})
 
-    plans = [without(replace(plan, fusions=(*plan.fusions, f.family)), blocked_by(space, f.family, live))
+    plans = [without(replace(plan, fusions=(*plan.fusions, f.family)),
+                     blocked_by(space, f.family, live, partial))
              for f in by_saving if f.family not in plan.fusions]
     plans += [without(plan, {f.family}) for f in reversed(by_saving) if f.family in live]
     plans += [replace(plan, **{flag: not getattr(plan, flag)}) for flag in space.flags()]

@@ -208,7 +208,13 @@ def _constant(node: Any) -> tuple[float | None, list[fx.Node]]:
             value = held.item()
     else:
         return None, []
-    return (float(value), [node]) if isinstance(value, (int, float)) else (None, [])
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None, []
+    dtype = node.kwargs.get("dtype")
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:  # as the graph holds it:
+        with unset_fake_temporarily():  # GPT-2's full([], √20, dtype=bf16) is 4.46875
+            value = torch.tensor(value, dtype=dtype).item()
+    return float(value), [node]
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -288,7 +294,8 @@ class _Site:
     causal: bool
     drop: Any            # bool node: where scores are dropped (masked_fill, where), or None
     keeps: bool          # drop's True marks the scores kept (where(cond, s, -inf)), not dropped
-    drop_value: float    # what a dropped score becomes (-inf, or finite: finfo.min, -1e9)
+    drop_value: float    # what a dropped score becomes (-inf, or DROPPED for a finite fill)
+    mask_after_drop: bool  # the additive mask is added to dropped scores too (GPT-Neo)
     scale: float | None  # None: 1/√D (SDPA's default)
     softcap: float
     nodes: tuple[fx.Node, ...]
@@ -307,7 +314,8 @@ def _sdpa_site(node: fx.Node) -> _Site | None:
     if a.get("dropout_p", 0.0) or y is None or any(u.users for u in items if u is not y):
         return None
     return _Site(a["query"], a["key"], a["value"], a.get("attn_mask", a.get("attn_bias")),
-                 bool(a.get("is_causal", False)), None, False, 0.0, a.get("scale"), 0.0, (node, *items), y)
+                 bool(a.get("is_causal", False)), None, False, 0.0, False, a.get("scale"), 0.0,
+                 (node, *items), y)
 
 
 def _bmm_source(node: Any) -> tuple[Any, list[fx.Node]]:
@@ -348,7 +356,7 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
     read = _read_scores(list(nodes[1:nodes.index(softmax)]))
     if read is None:
         return None
-    scale, softcap, mask, (drop, keeps, value), constants, (sinks, side) = read
+    scale, softcap, mask, (drop, keeps, value, mask_after), constants, (sinks, side) = read
     post = nodes[nodes.index(softmax) + 1:-1]  # between the softmax and P·V
     dropped = [n for n in post if is_op(n, aten.slice.Tensor)]
     if len(dropped) != (sinks is not None) or any(not _drops_last_column(n) for n in dropped):
@@ -370,18 +378,20 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
         return None
     own = (*q_up, *q_chain, *k_up, kt, *kt_chain, *nodes, *v_chain, *([y] if y is not mm2 else []),
            *side, *constants)
-    return _Site(q, k, v, mask, False, drop, keeps, value, scale, softcap, tuple(dict.fromkeys(own)), y,
-                 tuple(constants), sinks)
+    return _Site(q, k, v, mask, False, drop, keeps, value, mask_after, scale, softcap,
+                 tuple(dict.fromkeys(own)), y, tuple(constants), sinks)
 
 
-def _read_scores(ops: list[fx.Node]) -> tuple[float, float, Any, tuple[Any, bool, float],
+def _read_scores(ops: list[fx.Node]) -> tuple[float, float, Any, tuple[Any, bool, float, bool],
                                               list[fx.Node], tuple[Any, list[fx.Node]]] | None:
-    """(scale, softcap, additive mask, (drop cond, keeps, drop value), the constants' nodes,
+    """(scale, softcap, additive mask, (drop cond, keeps, drop value, mask added after the
+    drop), the constants' nodes,
     (sinks, the nodes read beside the chain)) of the ops between q·kᵀ and the
     softmax, in order; None where the kernel computes something else: a scale or a cap after
     an additive mask (it would scale the mask), a cap after a drop (cap(-inf) = -cap keeps
     the score) or after another cap, two masks or two drops, anything else."""
     scale, softcap, mask, drop, keeps, value = 1.0, 0.0, None, None, False, 0.0
+    mask_after_drop = False
     constants: list[fx.Node] = []
     sinks, side = None, []  # after cat([s, sinks]) only casts and a max subtracted may follow
     i = 0
@@ -421,14 +431,23 @@ def _read_scores(ops: list[fx.Node]) -> tuple[float, float, Any, tuple[Any, bool
             constants += c_nodes
         elif (is_op(n, aten.add.Tensor) and isinstance(n.args[1], fx.Node) and mask is None
               and n.kwargs.get("alpha", 1) == 1):
-            mask = n.args[1]
+            mask, mask_after_drop = n.args[1], drop is not None
         elif drop is None and (dropped := _drop_cond(n)) is not None:
             (drop, value, v_nodes), keeps = dropped, is_op(n, *_WHERE)
             constants += v_nodes
         else:
             return None
         i += 1
-    return scale, softcap, mask, (drop, keeps, value), constants, (sinks, side)
+    value = value if value == float("-inf") else DROPPED  # see DROPPED
+    return scale, softcap, mask, (drop, keeps, value, mask_after_drop), constants, (sinks, side)
+
+
+# What a finite drop (finfo.min, -1e9, fp16's -65504; scaled after the drop or not) becomes
+# in the kernel's mask: eager gives every dropped score exactly that value, so a row with
+# every key dropped averages v; the kernel adds the mask to s·scale, and only a value that
+# leaves nothing of s (fp32 ulp at 1e38 is 1e31) makes such rows uniform too (a review's
+# case: -1e5 left softmax(s) there). Finite, above the kernel's -2e38 floor.
+DROPPED = -1e38
 
 
 def _minus_row_max(n: fx.Node) -> list[fx.Node] | None:
@@ -554,8 +573,8 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         common = {"v": v, "mask": mask, "causal": site.causal, "scale": float(scale),
                   "interleaved": False, "q_pos": q_pos, "softcap": site.softcap, "sinks": site.sinks,
                   # made one additive mask with `mask` at emit (emit.py `_additive_mask`)
-                  **({"drop": site.drop, "drop_keeps": site.keeps, "drop_value": site.drop_value}
-                     if site.drop is not None else {})}
+                  **({"drop": site.drop, "drop_keeps": site.keeps, "drop_value": site.drop_value,
+                      "mask_after_drop": site.mask_after_drop} if site.drop is not None else {})}
         if q_pos is not None:  # confirmation draws positions among the keys (rewrite.py)
             common["keys"] = hint(tk.shape[2])
         # the kernel rotates q and k as it loads them: the RoPE's operands are the site's
