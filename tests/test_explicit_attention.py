@@ -127,6 +127,11 @@ def test_confirmation_judges_where_the_truth_is_finite():
     eager = (torch.tensor([1.0, float("nan"), 2.0]),)
     assert _as_accurate((torch.tensor([1.0, 0.0, 2.0]),), eager, truth)
     assert not _as_accurate((torch.tensor([1.5, 0.0, 2.0]),), eager, truth)
+    # eager broke at one place (NaN where the truth is finite): the rest is still judged
+    broken = (torch.tensor([1.0, float("nan"), 2.0]),)
+    finite_truth = (torch.tensor([1.0, 3.0, 2.0], dtype=torch.float64),)
+    assert not _as_accurate((torch.tensor([1.0, 3.0, 2.5]),), broken, finite_truth)
+    assert _as_accurate((torch.tensor([1.0, 0.0, 2.0]),), broken, finite_truth)
     nothing = (torch.full((3,), float("nan"), dtype=torch.float64),)
     assert not _as_accurate((torch.zeros(3),), (torch.zeros(3),), nothing)
     graph = fx.Graph()

@@ -287,17 +287,17 @@ ORDER_ULPS = 256
 
 def _as_accurate(got: tuple, want: tuple, truth: tuple, slack: float = 2.0) -> bool:
     """Fused error vs float64 truth within `slack` x the captured subgraph's own error,
-    plus ORDER_ULPS fp32 ulps of the output's largest magnitude, where the truth is
-    finite (and some of it is: where it is not, eager's error is inf and any output would
-    pass — a review found a wrong kernel accepted so)."""
+    plus ORDER_ULPS fp32 ulps of the output's largest magnitude, where the truth and eager
+    are finite (and somewhere they are: where they are not, eager's error is inf and any
+    output would pass — a review found a wrong kernel accepted so)."""
     ulp = torch.finfo(torch.float32).eps
     for g, w, t in zip(got, want, truth):
         if not t.is_floating_point() or g.shape != t.shape or w.shape != t.shape:
             if max_abs_error(g, t) != 0:
                 return False
             continue
-        finite = torch.isfinite(t)
-        if not bool(finite.any()):
+        finite = torch.isfinite(t) & torch.isfinite(w.to(t.dtype))  # where eager overflowed or
+        if not bool(finite.any()):  # hit NaN, its error would be inf: judged elsewhere only
             return False
         t, g, w = t[finite], g.to(t.dtype)[finite], w.to(t.dtype)[finite]
         err_fused, err_eager = max_abs_error(g, t), max_abs_error(w, t)
