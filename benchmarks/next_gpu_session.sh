@@ -37,6 +37,8 @@
 #   order   profile_prefill.py at PROFILE_TOKENS (512) twice: advisor first, then compile first
 #   otherplans  OTHER (a recipe tuned on another card) re-stamped with this device's
 #           environment, benched without compile baselines (beside a `bench` of RECIPE)
+#   explicit  benchmarks/explicit_attention_probe.py, then check_spellings.py on the written-out
+#           attention models (Gemma2, GptOss, nanogpt-attention, LlamaMHAEager) (~220 s)
 #   plans   each of PLANS (plan or recipe files) benched at BENCH_SHAPES (128,512), no compile
 #           baselines -> $OUT/bench-<name>.json
 #   probetiming  benchmarks/probe_timing.py at PROBE_TOKENS (1): the probe's sites of PROBE_FAMILIES
@@ -203,6 +205,13 @@ r = json.load(open(sys.argv[1])); r['environment'] = {k: v for k, v in environme
     --shapes ${BENCH_SHAPES:-1,128,512,2048} --compile none --json "$OUT/bench-other-plans.json" \
     > "$OUT/bench-other-plans.log" 2>&1
   echo "other plans rc=$?"; tail -12 "$OUT/bench-other-plans.log" ;;
+explicit)  # session 28's written-out attention on the GPU: eager vs compile vs our kernel at
+  # Gemma-2-9B / Llama-3-8B shapes, then the spellings that reach it (softcap, sinks, drops)
+  timeout ${EXPLICIT_S:-100} python3 benchmarks/explicit_attention_probe.py > "$OUT/explicit-probe.log" 2>&1
+  echo "explicit probe rc=$?"; tail -4 "$OUT/explicit-probe.log"
+  timeout ${SPELL_S:-120} python3 benchmarks/check_spellings.py Gemma2 GptOss nanogpt-attention LlamaMHAEager \
+    > "$OUT/spellings.log" 2>&1
+  echo "spellings rc=$?"; grep "'model'" "$OUT/spellings.log" | cut -c1-300 ;;
 plans)  # each plan or recipe in PLANS benched at BENCH_SHAPES, no compile baselines: plans
   # side by side in one command (put the recipe they should beat first)
   for p in $PLANS; do n=$(basename "$p" .json)
