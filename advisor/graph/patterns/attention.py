@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -282,28 +282,36 @@ def _position_mask(mask: Any, b: Any, tq: Any, tk: Any) -> tuple[fx.Node, list[f
 SOFTMAX_OPS = (aten._softmax.default, aten.softmax.int)
 
 
+@dataclass
+class _Scores:
+    """What an attention does to its scores between q·kᵀ and the softmax."""
+
+    scale: float | None = None  # None: 1/√D (SDPA's default)
+    softcap: float = 0.0        # cap·tanh(s / cap) (Gemma 2), 0: none
+    mask: Any = None            # additive mask node
+    drop: Any = None            # bool node where scores are dropped (masked_fill, where)
+    keeps: bool = False         # drop's True marks the scores kept (where(cond, s, v))
+    drop_value: float = 0.0     # what a dropped score becomes: -inf, or DROPPED for a finite fill
+    mask_after_drop: bool = False  # the mask is added to dropped scores too (GPT-Neo)
+    sinks: Any = None           # (Hq,) node: a logit per head with no value (GPT-OSS)
+    # constants read (a fill value, a scale made as a tensor): in the site, so confirmation
+    # runs them as they are, and kept for any other reader
+    constants: list[fx.Node] = field(default_factory=list)
+    side: list[fx.Node] = field(default_factory=list)  # nodes beside the chain (a row max)
+
+
 @dataclass(frozen=True)
 class _Site:
     """One attention, however spelled: its inputs as read (k, v maybe repeated for GQA),
-    what it computes, its own nodes and its output y (B, Hq, Tq, D)."""
+    what it does to the scores, its own nodes and its output y (B, Hq, Tq, D)."""
 
     q: fx.Node
     k: fx.Node
     v: fx.Node
-    mask: Any            # additive mask node, or None
     causal: bool
-    drop: Any            # bool node: where scores are dropped (masked_fill, where), or None
-    keeps: bool          # drop's True marks the scores kept (where(cond, s, -inf)), not dropped
-    drop_value: float    # what a dropped score becomes (-inf, or DROPPED for a finite fill)
-    mask_after_drop: bool  # the additive mask is added to dropped scores too (GPT-Neo)
-    scale: float | None  # None: 1/√D (SDPA's default)
-    softcap: float
+    scores: _Scores
     nodes: tuple[fx.Node, ...]
     y: fx.Node
-    # constants it reads (a fill value or a scale made as a tensor): in the site, so that
-    # confirmation runs them as they are, and kept for any other reader
-    constants: tuple[fx.Node, ...] = ()
-    sinks: Any = None    # (Hq,) node: a logit per head with no value (GPT-OSS), or None
 
 
 def _sdpa_site(node: fx.Node) -> _Site | None:
@@ -313,8 +321,8 @@ def _sdpa_site(node: fx.Node) -> _Site | None:
     y = next((u for u in items if u.args[1] == 0), None)
     if a.get("dropout_p", 0.0) or y is None or any(u.users for u in items if u is not y):
         return None
-    return _Site(a["query"], a["key"], a["value"], a.get("attn_mask", a.get("attn_bias")),
-                 bool(a.get("is_causal", False)), None, False, 0.0, False, a.get("scale"), 0.0,
+    scores = _Scores(scale=a.get("scale"), mask=a.get("attn_mask", a.get("attn_bias")))
+    return _Site(a["query"], a["key"], a["value"], bool(a.get("is_causal", False)), scores,
                  (node, *items), y)
 
 
@@ -343,9 +351,10 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
     masked_fill, hand-written models): matmul → view → ops on the scores → [casts] →
     softmax over the last dim → [casts] → matmul → view (B, H, Tq, D). The ops, in any order
     that computes the same (`_read_scores`): casts; mul/div by numbers (the scale); div c →
-    tanh → mul c (the softcap); + an additive mask; one drop by masked_fill(cond, -inf) or
-    where(cond, s, -inf). q and k upcast to fp32 from the output's dtype are read before
-    the cast (exact: the kernel multiplies them with fp32 accumulation)."""
+    tanh → mul c (the softcap); + an additive mask; one drop by masked_fill(cond, v) or
+    where(cond, s, v); GPT-OSS's sinks as a last column (cat, minus the row max, dropped by
+    [..., :-1] after the softmax). q and k upcast to fp32 from the output's dtype are read
+    before the cast (exact: the kernel multiplies them with fp32 accumulation)."""
     nodes = _explicit_attention(softmax)
     t = fake(softmax)
     if nodes is None or t is None or t.dim() != 4 or softmax.args[1] not in (-1, 3):
@@ -353,13 +362,12 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
     if any(scores_in(n) is not prev for prev, n in zip(nodes, nodes[1:])):
         return None  # a chain op that reads the scores as another operand (mask + scores)
     mm1, mm2 = nodes[0], nodes[-1]
-    read = _read_scores(list(nodes[1:nodes.index(softmax)]))
-    if read is None:
+    scores = _read_scores(list(nodes[1:nodes.index(softmax)]))
+    if scores is None:
         return None
-    scale, softcap, mask, (drop, keeps, value, mask_after), constants, (sinks, side) = read
     post = nodes[nodes.index(softmax) + 1:-1]  # between the softmax and P·V
     dropped = [n for n in post if is_op(n, aten.slice.Tensor)]
-    if len(dropped) != (sinks is not None) or any(not _drops_last_column(n) for n in dropped):
+    if len(dropped) != (scores.sinks is not None) or any(not _drops_last_column(n) for n in dropped):
         return None  # the sink's column is dropped after the softmax, and nothing else is
     y = mm2
     if is_op(mm2, aten.bmm.default):
@@ -377,23 +385,17 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
     if ty is None or tq is None or not same_sizes(ty, tq) or ty.dtype != tq.dtype:
         return None
     own = (*q_up, *q_chain, *k_up, kt, *kt_chain, *nodes, *v_chain, *([y] if y is not mm2 else []),
-           *side, *constants)
-    return _Site(q, k, v, mask, False, drop, keeps, value, mask_after, scale, softcap,
-                 tuple(dict.fromkeys(own)), y, tuple(constants), sinks)
+           *scores.side, *scores.constants)
+    return _Site(q, k, v, False, scores, tuple(dict.fromkeys(own)), y)
 
 
-def _read_scores(ops: list[fx.Node]) -> tuple[float, float, Any, tuple[Any, bool, float, bool],
-                                              list[fx.Node], tuple[Any, list[fx.Node]]] | None:
-    """(scale, softcap, additive mask, (drop cond, keeps, drop value, mask added after the
-    drop), the constants' nodes,
-    (sinks, the nodes read beside the chain)) of the ops between q·kᵀ and the
-    softmax, in order; None where the kernel computes something else: a scale or a cap after
-    an additive mask (it would scale the mask), a cap after a drop (cap(-inf) = -cap keeps
-    the score) or after another cap, two masks or two drops, anything else."""
-    scale, softcap, mask, drop, keeps, value = 1.0, 0.0, None, None, False, 0.0
-    mask_after_drop = False
-    constants: list[fx.Node] = []
-    sinks, side = None, []  # after cat([s, sinks]) only casts and a max subtracted may follow
+def _read_scores(ops: list[fx.Node]) -> _Scores | None:
+    """What the ops between q·kᵀ and the softmax (in order) do to the scores; None where
+    the kernel computes something else: a scale or a cap after an additive mask (it would
+    scale the mask), a cap after a drop (cap(-inf) = -cap keeps the score) or after another
+    cap, two masks or two drops, a scale, cap or mask after the sinks' column, anything
+    else."""
+    out = _Scores(scale=1.0)
     i = 0
     while i < len(ops):
         n = ops[i]
@@ -401,45 +403,46 @@ def _read_scores(ops: list[fx.Node]) -> tuple[float, float, Any, tuple[Any, bool
             i += 1
             continue
         if (stable := _minus_row_max(n)) is not None:  # softmax(x - max x) = softmax(x)
-            side += stable
+            out.side += stable
             i += 1
             continue
-        if sinks is not None:
+        if out.sinks is not None:
             return None  # a scale, cap or mask after the sink's column would change it
         if is_op(n, aten.cat.default):
             found = _sink_column(n)
             if found is None:
                 return None
-            sinks, views = found
-            side += views
+            out.sinks, views = found
+            out.side += views
             i += 1
             continue
         # a number, or a scalar_tensor / full of one (GPT-2's / torch.full([], √d))
         c, c_nodes = _constant(n.args[1]) if is_op(n, aten.mul.Tensor, aten.div.Tensor) else (None, [])
         if is_op(n, aten.div.Tensor) and i + 2 < len(ops) and is_op(ops[i + 1], aten.tanh.default):
             back = _number(ops[i + 2].args[1]) if is_op(ops[i + 2], aten.mul.Tensor) else None
-            if (c is None or back is None or c <= 0 or abs(back - c) > 1e-6 * c or softcap
-                    or mask is not None or drop is not None):
+            if (c is None or back is None or c <= 0 or abs(back - c) > 1e-6 * c or out.softcap
+                    or out.mask is not None or out.drop is not None):
                 return None
-            softcap, i = c, i + 3
+            out.softcap, i = c, i + 3
             continue
         if c is not None:
-            if mask is not None or softcap or c == 0 or (drop is not None and c < 0):
+            if out.mask is not None or out.softcap or c == 0 or (out.drop is not None and c < 0):
                 return None  # the mask scaled, the cap bent, a dropped score brought back
-            factor = c if n.target == aten.mul.Tensor else 1 / c
-            scale, value = scale * factor, value * factor  # a dropped score is scaled too
-            constants += c_nodes
-        elif (is_op(n, aten.add.Tensor) and isinstance(n.args[1], fx.Node) and mask is None
+            out.scale *= c if n.target == aten.mul.Tensor else 1 / c
+            out.constants += c_nodes
+        elif (is_op(n, aten.add.Tensor) and isinstance(n.args[1], fx.Node) and out.mask is None
               and n.kwargs.get("alpha", 1) == 1):
-            mask, mask_after_drop = n.args[1], drop is not None
-        elif drop is None and (dropped := _drop_cond(n)) is not None:
-            (drop, value, v_nodes), keeps = dropped, is_op(n, *_WHERE)
-            constants += v_nodes
+            out.mask, out.mask_after_drop = n.args[1], out.drop is not None
+        elif out.drop is None and (dropped := _drop_cond(n)) is not None:
+            out.drop, value, v_nodes = dropped
+            out.keeps = is_op(n, *_WHERE)
+            # a positive scale after it leaves -inf -inf and a finite value far below s
+            out.drop_value = value if value == float("-inf") else DROPPED
+            out.constants += v_nodes
         else:
             return None
         i += 1
-    value = value if value == float("-inf") else DROPPED  # see DROPPED
-    return scale, softcap, mask, (drop, keeps, value, mask_after_drop), constants, (sinks, side)
+    return out
 
 
 # What a finite drop (finfo.min, -1e9, fp16's -65504; scaled after the drop or not) becomes
@@ -549,12 +552,13 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
             continue
         if site is None:
             continue
-        mask = site.mask
+        sc = site.scores
+        mask = sc.mask
         tq, tk = fake(site.q), fake(site.k)
         if tq is None or tk is None:
             continue
         # the static cache's causal mask: the kernel bounds each row's keys by its position
-        positions = None if mask is None or site.drop is not None else _position_mask(
+        positions = None if mask is None or sc.drop is not None else _position_mask(
             mask, tq.shape[0], tq.shape[2], tk.shape[2])
         q_pos, mask_nodes = positions if positions is not None else (None, [])
         tm = fake(mask) if positions is None and mask is not None else None
@@ -568,13 +572,13 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
             (k, k_chain), (v, v_chain) = (site.k, []), (site.v, [])
         if not _same_shape(k, v):  # v's head dim is not k's: not a kernel of ours
             continue
-        scale = site.scale or 1.0 / math.sqrt(int(tq.shape[-1]))
+        scale = sc.scale or 1.0 / math.sqrt(int(tq.shape[-1]))
         base = (*mask_nodes, *k_chain, *v_chain, *site.nodes)
         common = {"v": v, "mask": mask, "causal": site.causal, "scale": float(scale),
-                  "interleaved": False, "q_pos": q_pos, "softcap": site.softcap, "sinks": site.sinks,
+                  "interleaved": False, "q_pos": q_pos, "softcap": sc.softcap, "sinks": sc.sinks,
                   # made one additive mask with `mask` at emit (emit.py `_additive_mask`)
-                  **({"drop": site.drop, "drop_keeps": site.keeps, "drop_value": site.drop_value,
-                      "mask_after_drop": site.mask_after_drop} if site.drop is not None else {})}
+                  **({"drop": sc.drop, "drop_keeps": sc.keeps, "drop_value": sc.drop_value,
+                      "mask_after_drop": sc.mask_after_drop} if sc.drop is not None else {})}
         if q_pos is not None:  # confirmation draws positions among the keys (rewrite.py)
             common["keys"] = hint(tk.shape[2])
         # the kernel rotates q and k as it loads them: the RoPE's operands are the site's
@@ -589,10 +593,10 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
                         **{n: rm.operands[n] for n in ("pairs", "seq_dim") if n in rm.operands}}
             found.append(Match("attention_rope", "attention", module_path(node),
                                (*rm.nodes, *q_copies, *k_copies, *base), operands, {"y": y},
-                               (*rm.shared, *mask_nodes, *site.constants)))
+                               (*rm.shared, *mask_nodes, *sc.constants)))
         operands = {**common, "q": site.q, "k": k, "cos": None, "sin": None}
         found.append(Match("attention", "attention", module_path(node), base, operands, {"y": y},
-                           (*mask_nodes, *site.constants)))
+                           (*mask_nodes, *sc.constants)))
     return found
 
 
