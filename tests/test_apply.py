@@ -1,6 +1,8 @@
 """apply(): the rewritten model matches the original in and across buckets, with fewer
 launches, without recompiling inside a bucket; nothing global is patched."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -177,6 +179,38 @@ def test_beyond_largest_bucket_and_unfused_plan():
     x = inputs_for(mf, 6, 1, CPU)
     _check_close(call(fast, x), call(model, x), torch.float32)
     assert fast.buckets[4].compiles == 0  # the 6-token call ran the original model
+
+
+class _Untraceable(torch.nn.Module):
+    """Eager works; under dynamo a branch multiplies by a (3, 3) matrix that x (..., 4) does
+    not fit: the trace fails on fake tensors (as transformers' GLM-4-MoE-Lite did, on a
+    branch taken only while compiling)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        if torch.compiler.is_compiling():
+            return x @ torch.ones(3, 3)
+        return torch.relu(x @ self.w)
+
+
+def test_a_model_dynamo_cannot_trace_runs_unfused_with_one_warning():
+    model, x = _Untraceable(), torch.randn(2, 5, 4)
+    fast = apply(model, ALL_FUSIONS)
+    with pytest.warns(UserWarning, match="cannot trace this model"):
+        out = fast(x)
+    torch.testing.assert_close(out, model(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once: later calls run the original quietly
+        torch.testing.assert_close(fast(x[:, :3]), model(x[:, :3]))
+    total = next(r for r in fast.summary() if r["family"] == "(all)")
+    assert "TorchRuntimeError" in total["untraceable"]
+    with pytest.raises(RuntimeError):  # the model's own error is the caller's, as without advisor
+        apply(_Untraceable(), ALL_FUSIONS)(torch.randn(2, 5, 5))
+    with pytest.raises(torch._dynamo.exc.TorchDynamoException):
+        apply(_Untraceable(), ALL_FUSIONS, strict=True)(x)
 
 
 def test_apply_patches_nothing_global_and_is_reversible():

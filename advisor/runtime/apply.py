@@ -53,6 +53,7 @@ class BucketState:
     first_call_s: float = 0.0  # the bucket's first call: trace, rewrite, warm-ups, capture
     trace_s: float = 0.0  # of which before the first rewrite: dynamo's trace and AOTAutograd
     started: float | None = None  # perf_counter at the first call's start, while it runs
+    untraceable: str = ""  # why dynamo could not trace the model: the bucket runs it unfused
 
 
 def sequence_length(args: tuple, kwargs: dict) -> int:
@@ -116,9 +117,10 @@ class AdvisedModel(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, recipe: Recipe, *,
                  length_of: Callable[..., int] | None = None,
-                 precompiling: precompile.Precompile | None = None):
+                 precompiling: precompile.Precompile | None = None, strict: bool = False):
         super().__init__()
         self.original = model
+        self.strict = strict  # a model dynamo cannot trace raises instead of running unfused
         self.recipe = recipe
         self.length_of = length_of or sequence_length
         self.buckets = _bucket_states(recipe)
@@ -163,15 +165,34 @@ class AdvisedModel(torch.nn.Module):
         start = time.perf_counter()
         state.started = start if first else None
         with torch.no_grad(), programmatic_launch(state.plan.pdl):
-            if state.graphs is not None:  # captures launch (and record) PDL; replays launch nothing
-                out = state.graphs(*args, **kwargs)
-            else:
-                out = state.fn(*args, **kwargs)
+            try:
+                if state.graphs is not None:  # captures launch (and record) PDL; replays launch nothing
+                    out = state.graphs(*args, **kwargs)
+                else:
+                    out = state.fn(*args, **kwargs)
+            except Exception as exc:
+                if not first or self.strict or not _untraceable(exc):
+                    raise
+                out = self._run_unfused(state, bucket, exc, args, kwargs)
         if first:  # to the first result: the device's work included
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             state.first_call_s = time.perf_counter() - start
             state.started = None
+        return out
+
+    def _run_unfused(self, state: BucketState, bucket: Bucket | None, exc: Exception,
+                     args: tuple, kwargs: dict) -> Any:
+        """Dynamo could not trace the model (FALLBACK): the bucket runs the original from
+        now on, with one warning. An input the model itself refuses raises from here, as
+        it would without advisor."""
+        out = self.original(*args, **kwargs)
+        reason = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        state.untraceable = f"{type(exc).__name__}: {reason}"[:300]
+        state.fn, state.graphs = self.original, None
+        where = f"the bucket up to {bucket.max_len} tokens" if bucket else "lengths past every bucket"
+        warnings.warn(f"advisor: torch.compile cannot trace this model ({state.untraceable}); "
+                      f"{where} runs unfused", stacklevel=3)
         return out
 
     def remove(self) -> torch.nn.Module:
@@ -228,6 +249,7 @@ class AdvisedModel(torch.nn.Module):
                 "outside_per_graph": ([len(g.deferred.cuts) for g in state.graphs.graphs.values()]
                                       if state.graphs else None),
                 "cuda_graph_failures": state.graphs.failures if state.graphs else None,
+                **({"untraceable": state.untraceable} if state.untraceable else {}),
                 # the recipe's kernels compiled in other processes (precompile.py), and how
                 # long the first call waited for them
                 **({"precompiled": self.precompiling.counts(bound),
@@ -235,6 +257,16 @@ class AdvisedModel(torch.nn.Module):
                    if self.precompiling is not None else {}),
             })
         return rows
+
+
+def _untraceable(exc: Exception) -> bool:
+    """An error of dynamo's trace (fake tensors, an unsupported construct), not of our
+    rewrite (BackendCompilerFailed: our backend's own errors surface) nor of the model's
+    eager code."""
+    from torch._dynamo import exc as dynamo_exc
+
+    return (isinstance(exc, dynamo_exc.TorchDynamoException)
+            and not isinstance(exc, dynamo_exc.BackendCompilerFailed))
 
 
 def _bucket_states(recipe: Recipe) -> dict[int, BucketState]:
@@ -256,6 +288,9 @@ def apply(model: torch.nn.Module, recipe: Recipe | Plan, *, strict: bool = False
 
         fast = advisor.apply(model, advisor.load_recipe("recipe.json"))
         logits = fast(input_ids)
+
+    Where the recipe was tuned in another environment, or torch.compile cannot trace the
+    model, it runs unfused with a warning; `strict=True` raises instead.
     """
     if isinstance(recipe, Plan):
         recipe = Recipe.from_plan(recipe)
@@ -283,4 +318,4 @@ def apply(model: torch.nn.Module, recipe: Recipe | Plan, *, strict: bool = False
                 warnings.warn(f"advisor: the recipe's kernels compile on the first call ({reason})",
                               stacklevel=2)
         warm_start()  # Triton's per-process setup, while the first call traces
-    return AdvisedModel(model, recipe, length_of=length_of, precompiling=precompiling)
+    return AdvisedModel(model, recipe, length_of=length_of, precompiling=precompiling, strict=strict)
