@@ -117,9 +117,9 @@ def check_one(model_type: str, attention: str, dtype: torch.dtype | None = None,
         for family in dict.fromkeys((*applied, *alone)):
             fast = apply(model, Plan(fusions=(family,)))
             alone = _verdicts(fast, model, exact, inputs, dtype)
-            took = next(r.get("applied") for r in fast.summary() if r["family"] == family)
-            row["alone"][family] = {"applied": took, "ok": all(v.ok for v in alone),
-                                    "verdicts": [v.detail for v in alone]}
+            took = next(r for r in fast.summary() if r["family"] == family)
+            row["alone"][family] = {"applied": took["applied"], "unfused": took["unfused"],
+                                    "ok": all(v.ok for v in alone), "verdicts": [v.detail for v in alone]}
     return row
 
 
