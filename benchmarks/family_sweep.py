@@ -69,9 +69,10 @@ def _randomise(model: torch.nn.Module) -> None:
 
 
 def check_one(model_type: str, attention: str, dtype: torch.dtype | None = None,
-              bisect: bool = False, alone: tuple[str, ...] = ()) -> dict:
+              bisect: bool = False, alone: tuple[str, ...] = (), ops: bool = False) -> dict:
     """apply(ALL_FUSIONS) against eager at 5 and 11 tokens, batch 2 (no cache); dtype: bf16
-    on a GPU, fp32 on the CPU unless given. bisect: each applied family (and each of `alone`) alone too."""
+    on a GPU, fp32 on the CPU unless given. bisect: each applied family (and each of `alone`) alone too; ops: the attention ops the
+    trace records and the matches found on its graph (which SDPA form this device picks)."""
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -95,6 +96,8 @@ def check_one(model_type: str, attention: str, dtype: torch.dtype | None = None,
             model(input_ids=inputs[5], use_cache=False)
     except Exception as exc:  # noqa: BLE001 - a config this script cannot make tiny
         return {**row, "status": "unbuilt", "error": f"{type(exc).__name__}: {exc}"[:300]}
+    if ops:
+        row["graph"] = _attention_graph(model, inputs[5])
     started = time.perf_counter()
     try:
         exact = fp32_copy(model) if needs_truth(dtype) else None
@@ -123,6 +126,25 @@ def check_one(model_type: str, attention: str, dtype: torch.dtype | None = None,
     return row
 
 
+def _attention_graph(model: torch.nn.Module, ids: torch.Tensor) -> list[dict]:
+    """Per captured graph: its attention and softmax nodes (op, argument shapes) and the
+    families `find_all` matches there, with counts."""
+    from collections import Counter
+
+    from advisor.graph.capture import capture, fake
+    from advisor.graph.patterns import find_all
+
+    parts = []
+    for part in capture(model, {"input_ids": ids, "use_cache": False}).parts:
+        nodes = [{"op": str(n.target), "args": [tuple(t.shape) if (t := fake(a)) is not None else repr(a)[:40]
+                                                for a in n.args[:4]], "kwargs": sorted(n.kwargs)}
+                 for n in part.gm.graph.nodes
+                 if n.op == "call_function" and any(w in str(n.target) for w in ("attention", "softmax"))]
+        found = Counter(m.family for m in find_all(part.gm, part.params))
+        parts.append({"nodes": nodes, "found": dict(found)})
+    return parts
+
+
 def _verdicts(fast, model, exact, inputs: dict, dtype: torch.dtype) -> list:
     """verify.judge of `fast` against eager `model` (and the fp32 `exact`) at each input."""
     from advisor.verify import judge
@@ -143,9 +165,9 @@ def _families() -> list[str]:
 
 
 def _in_child(model_type: str, attention: str, timeout: float, dtype: str, bisect: bool,
-              alone: str) -> dict:
+              alone: str, ops: bool) -> dict:
     cmd = [sys.executable, __file__, "--child", model_type, attention, "--dtype", dtype,
-           *(["--bisect", "--alone", alone] if bisect else [])]
+           *(["--bisect", "--alone", alone] if bisect else []), *(["--ops"] if ops else [])]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -167,6 +189,8 @@ def main() -> None:
                         "on a GPU, fp32 on the CPU)")
     parser.add_argument("--bisect", action="store_true", help="each applied fusion alone too")
     parser.add_argument("--alone", default="", help="with --bisect: families to try alone as well")
+    parser.add_argument("--ops", action="store_true",
+                        help="record the traced attention ops and the matches found")
     parser.add_argument("--child", nargs=2, metavar=("MODEL_TYPE", "ATTENTION"))
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -175,14 +199,14 @@ def main() -> None:
     if args.child:
         dtype = getattr(torch, args.dtype) if args.dtype else None
         print(json.dumps(check_one(*args.child, dtype, args.bisect,
-                                   tuple(f for f in args.alone.split(",") if f)), default=str), flush=True)
+                                   tuple(f for f in args.alone.split(",") if f), args.ops), default=str), flush=True)
         return
     from benchmarks.common import header, write
 
     todo = [(f, a) for f in (args.only.split(",") if args.only else _families()) for a in ("sdpa", "eager")]
     with ThreadPoolExecutor(args.jobs) as pool:
         results = []
-        for res in pool.map(lambda fa: _in_child(*fa, args.timeout, args.dtype, args.bisect, args.alone), todo):
+        for res in pool.map(lambda fa: _in_child(*fa, args.timeout, args.dtype, args.bisect, args.alone, args.ops), todo):
             results.append(res)
             print(json.dumps({k: res.get(k) for k in ("family", "attention", "status", "applied",
                                                       "launches_before", "launches_after", "error", "alone")},

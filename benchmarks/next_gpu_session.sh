@@ -39,6 +39,9 @@
 #           environment, benched without compile baselines (beside a `bench` of RECIPE)
 #   explicit  benchmarks/explicit_attention_probe.py, then check_spellings.py on the written-out
 #           attention models (Gemma2, GptOss, nanogpt-attention, LlamaMHAEager) (~220 s)
+#   sweepdebug  family_sweep.py --ops --bisect on session 29's GPU-only failures (SWEEP_FAMILIES),
+#           then the same with ADVISOR_CONFIRM_THREADS=1 (~250 s)
+#   sweep   family_sweep.py over every causal-LM family of transformers (or SWEEP_FAMILIES)
 #   plans   each of PLANS (plan or recipe files) benched at BENCH_SHAPES (128,512), no compile
 #           baselines -> $OUT/bench-<name>.json
 #   probetiming  benchmarks/probe_timing.py at PROBE_TOKENS (1): the probe's sites of PROBE_FAMILIES
@@ -53,7 +56,7 @@
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
 # Several stages run in order in one command: ... next_gpu_session.sh coldstart tune
-[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, predict, coldstart, attention, prefill, deep, gemmsites, kernels, order, otherplans, probetiming, spellings, fp32, all or pack" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, predict, coldstart, attention, prefill, deep, gemmsites, kernels, order, otherplans, probetiming, spellings, fp32, explicit, sweepdebug, sweep, plans, all or pack" >&2; exit 2; }
 RECIPE=${RECIPE:-recipes/llama_hf-h200.json}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
@@ -212,6 +215,20 @@ explicit)  # session 28's written-out attention on the GPU: eager vs compile vs 
   timeout ${SPELL_S:-120} python3 benchmarks/check_spellings.py Gemma2 GptOss nanogpt-attention LlamaMHAEager \
     > "$OUT/spellings.log" 2>&1
   echo "spellings rc=$?"; grep "'model'" "$OUT/spellings.log" | cut -c1-300 ;;
+sweepdebug)  # session 29's GPU-only sweep failures (doge SDPA, flex_olmo wrong; falcon SDPA
+  # without attention): the traced attention ops and matches, each family alone, and the
+  # same with confirmations one at a time (ADVISOR_CONFIRM_THREADS=1: threads are GPU-only)
+  F=${SWEEP_FAMILIES:-doge,flex_olmo,falcon}
+  OUT=$OUT/debug timeout ${SWEEP_S:-150} python3 benchmarks/family_sweep.py --only $F --jobs 6 --timeout 140 \
+    --ops --bisect --alone attention_rope,attention,rope > "$OUT/sweepdebug.log" 2>&1
+  echo "sweepdebug rc=$?"; cut -c1-300 "$OUT/sweepdebug.log"
+  ADVISOR_CONFIRM_THREADS=1 OUT=$OUT/threads1 timeout 100 python3 benchmarks/family_sweep.py --only $F \
+    --jobs 6 --timeout 95 > "$OUT/sweep-threads1.log" 2>&1
+  echo "threads=1 rc=$?"; cut -c1-200 "$OUT/sweep-threads1.log" ;;
+sweep)  # benchmarks/family_sweep.py over every causal-LM family (SWEEP_FAMILIES to narrow)
+  OUT=$OUT/sweep timeout ${SWEEP_S:-560} python3 benchmarks/family_sweep.py --jobs 8 --timeout 150 \
+    ${SWEEP_FAMILIES:+--only $SWEEP_FAMILIES} > "$OUT/sweep.log" 2>&1
+  echo "sweep rc=$?"; grep -v '"ok"' "$OUT/sweep.log" | grep -v unbuilt | cut -c1-300; tail -1 "$OUT/sweep.log" ;;
 plans)  # each plan or recipe in PLANS benched at BENCH_SHAPES, no compile baselines: plans
   # side by side in one command (put the recipe they should beat first)
   for p in $PLANS; do n=$(basename "$p" .json)
