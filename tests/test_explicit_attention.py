@@ -8,6 +8,9 @@ per layer, whatever the spelling, checked against eager on the interpreter's ker
 - a finite fill (-1e9) where some rows drop every key: eager averages v there, and so must
   the kernel (a -inf mask would give 0).
 - GPT-Neo / GPT-J: q, k upcast to fp32, `where(keep, s, finfo.min)`, a scale after it.
+- SDPA on its math backend (`sdpa_kernel(SDPBackend.MATH)`; on CUDA also what SDPA falls
+  back to where no fused backend takes the inputs): traced, q, k, v upcast to fp32, √scale
+  on q and on kᵀ, `_safe_softmax`, the product cast back.
 """
 
 from __future__ import annotations
@@ -55,6 +58,11 @@ class _Attention(nn.Module):
             pad = torch.zeros(t, device=x.device).masked_fill(torch.arange(t, device=x.device) < 2,
                                                               torch.finfo(torch.float32).min)
             y = torch.matmul(F.softmax(att + pad, dim=-1).to(v.dtype), v)
+        elif self.spelling == "sdpa-math":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel(SDPBackend.MATH):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
         else:  # Meta's reference
             mask = torch.full((t, t), float("-inf"), device=x.device).triu(1)
             scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(c // HEADS) + mask
@@ -83,7 +91,8 @@ def _ids(t: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("spelling, dtype", [("nanogpt", torch.float32), ("meta", torch.float32),
                                              ("padded", torch.float32), ("gpt-neo", torch.float32),
-                                             ("gpt-neo", torch.bfloat16)])
+                                             ("gpt-neo", torch.bfloat16), ("sdpa-math", torch.float32),
+                                             ("sdpa-math", torch.bfloat16)])
 def test_hand_written_attention_is_one_kernel(spelling, dtype):
     """bf16 GPT-Neo: the mask made at emit is fp32 (fp32's min in a bf16 mask is -inf, and
     confirmation refused every site)."""

@@ -279,7 +279,10 @@ def _position_mask(mask: Any, b: Any, tq: Any, tk: Any) -> tuple[fx.Node, list[f
     return base, [*nodes, cmp, *key_nodes, *pos_views]
 
 
-SOFTMAX_OPS = (aten._softmax.default, aten.softmax.int)
+# _safe_softmax: SDPA's math backend as traced (a row with every score -inf gives 0, as
+# the kernel's does)
+SOFTMAX_OPS = (aten._softmax.default, aten.softmax.int,
+               *((aten._safe_softmax.default,) if hasattr(aten, "_safe_softmax") else ()))
 
 
 @dataclass
@@ -377,16 +380,49 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
         y = views[0]
     (q, q_chain), (kt, kt_chain) = (_bmm_source(a) for a in mm1.args[:2])
     v, v_chain = _bmm_source(mm2.args[1])
-    if q is None or kt is None or v is None or not _swaps_last_two(kt):
+    if q is None or kt is None or v is None:
         return None
+    (q, cq, q_scale), (kt, ck, k_scale) = _scaled(q), _scaled(kt)
+    if not _swaps_last_two(kt):
+        return None
+    scores.scale *= cq * ck
+    product = y  # P·V as (B, H, Tq, D)
+    down = _downcast(y)  # the math backend's fp32 result, cast back to q's dtype
+    y = down[0] if down else y
     k, ty = kt.args[0], fake(y)
-    (q, q_up), (k, k_up) = (_before_upcast(x, ty) for x in (q, k))
-    tq = fake(q)
-    if ty is None or tq is None or not same_sizes(ty, tq) or ty.dtype != tq.dtype:
+    (q, q_up), (k, k_up), (v, v_up) = (_before_upcast(x, ty) for x in (q, k, v))
+    tq, tv = fake(q), fake(v)
+    if ty is None or tq is None or tv is None or not same_sizes(ty, tq) \
+            or not ty.dtype == tq.dtype == tv.dtype:
         return None
-    own = (*q_up, *q_chain, *k_up, kt, *kt_chain, *nodes, *v_chain, *([y] if y is not mm2 else []),
-           *scores.side, *scores.constants)
+    own = (*q_up, *q_scale, *q_chain, *k_up, kt, *k_scale, *kt_chain, *nodes, *v_up, *v_chain,
+           *([product] if product is not mm2 else []), *down, *scores.side, *scores.constants)
     return _Site(q, k, v, False, scores, tuple(dict.fromkeys(own)), y)
+
+
+def _scaled(x: Any) -> tuple[Any, float, list[fx.Node]]:
+    """x · c (or x / c) by a constant, read only there: SDPA's math backend scales q and kᵀ
+    by √scale each before their product. (x, c, [the op, its constant's nodes]), or
+    (x, 1.0, []) when x is not so scaled."""
+    if is_op(x, aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar) and len(x.users) == 1:
+        c, nodes = _constant(x.args[1])
+        if c is not None and c != 0 and math.isfinite(c):
+            return x.args[0], c if is_op(x, aten.mul.Tensor, aten.mul.Scalar) else 1 / c, [x, *nodes]
+    return x, 1.0, []
+
+
+def _downcast(y: fx.Node) -> tuple[fx.Node, ...]:
+    """(the cast, the view between) when y's only reader casts an fp32 y to fp16/bf16 (through
+    one view): the attention computed in fp32 from upcast inputs, rounded once; else ()."""
+    chain, node = [], y
+    if len(node.users) == 1 and is_op(nxt := next(iter(node.users)), *_VIEWS):
+        chain, node = [nxt], nxt
+    cast = next(iter(node.users)) if len(node.users) == 1 else None
+    t, tc = fake(y), fake(cast) if cast is not None else None
+    if not is_op(cast, *CAST_OPS) or t is None or tc is None or t.dtype != torch.float32 \
+            or tc.dtype not in (torch.float16, torch.bfloat16):
+        return ()
+    return (cast, *chain)
 
 
 def _read_scores(ops: list[fx.Node]) -> _Scores | None:
