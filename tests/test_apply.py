@@ -147,11 +147,11 @@ def test_merged_bias_with_a_member_without_one():
     torch.testing.assert_close(ml.merged_linear_impl(x, ws, [None, None]), x @ torch.cat(ws).T)
 
 
-@pytest.mark.parametrize("family", ["Cohere", "Olmo2"])
+@pytest.mark.parametrize("family", ["Cohere", "Olmo2", "Ernie4_5"])
 def test_bf16_families_fuse_their_fp32_norms_and_rope(family):
     """bf16 models that compute norms and RoPE in fp32 and cast back (Cohere's q.float(),
-    Olmo2's fp32 tables; Gemma's w.float(): tests/test_patterns.py): every site is fused,
-    none refused."""
+    Olmo2's fp32 tables, ERNIE 4.5's rotation made in bf16 and then upcast; Gemma's
+    w.float(): tests/test_patterns.py): every site is fused, none refused."""
     model = tiny_hf(family, torch.bfloat16)
     ref = model(**ids(9))
     plan = Plan(("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "rope_table",

@@ -382,6 +382,9 @@ def _rope_at(node: fx.Node) -> Match | None:
     if found is None:
         return None
     x, rot_nodes = found
+    widened = _widened(rot)  # rotated in x's dtype, then upcast (ERNIE 4.5): exact either way
+    if widened is not None:
+        rot, rot_nodes = widened, [*rot_nodes, widened]
     for mul_sin in rot.users:
         if not is_op(mul_sin, aten.mul.Tensor):
             continue
@@ -393,6 +396,9 @@ def _rope_at(node: fx.Node) -> Match | None:
             if not is_op(mul_cos, aten.mul.Tensor):
                 continue
             cos = other_arg(mul_cos, x)
+            if cos is None and widened is not None:  # x upcast in the cos term too
+                xc = next((a for a in mul_cos.args[:2] if _widens(x, a)), None)
+                x, cos = (xc, other_arg(mul_cos, xc)) if xc is not None else (x, None)
             if cos is None:
                 continue
             # fp32 math (x.float(), or fp32 tables promoting x), the result cast back to
@@ -417,6 +423,21 @@ def _rope_at(node: fx.Node) -> Match | None:
                 operands["seq_dim"] = layout  # 1: (B, T, H, D), GPT-J: the emitter transposes
             return Match("rope", "rope_qk", module_path(add), nodes, operands, {"y": y})
     return None
+
+
+def _widened(node: Any) -> fx.Node | None:
+    """node's only reader when that is a cast of it to fp32 from fp16/bf16, else None."""
+    cast = next(iter(node.users)) if isinstance(node, fx.Node) and len(node.users) == 1 else None
+    return cast if _widens(node, cast) else None
+
+
+def _widens(node: Any, cast: Any) -> bool:
+    """`cast` casts `node` (fp16/bf16) to fp32 and is read once."""
+    if not is_op(cast, *CAST_OPS) or strip_casts(cast) is not node or len(cast.users) != 1:
+        return False
+    t, tc = fake(node), fake(cast)
+    return t is not None and tc is not None and t.dtype in (torch.float16, torch.bfloat16) \
+        and tc.dtype == torch.float32
 
 
 def _partial(x: Any, y: fx.Node) -> tuple[Any, fx.Node, list[fx.Node]]:
