@@ -11,6 +11,8 @@ per layer, whatever the spelling, checked against eager on the interpreter's ker
 - SDPA on its math backend (`sdpa_kernel(SDPBackend.MATH)`; on CUDA also what SDPA falls
   back to where no fused backend takes the inputs): traced, q, k, v upcast to fp32, √scale
   on q and on kᵀ, `_safe_softmax`, the product cast back.
+- BLOOM: q·kᵀ on (B·H, T, D) rows by `baddbmm` adding its ALiBi (B·H, 1, Tk), then the
+  causal mask; GPT-NeoX-Japanese's baddbmm onto zeros.
 """
 
 from __future__ import annotations
@@ -58,6 +60,19 @@ class _Attention(nn.Module):
             pad = torch.zeros(t, device=x.device).masked_fill(torch.arange(t, device=x.device) < 2,
                                                               torch.finfo(torch.float32).min)
             y = torch.matmul(F.softmax(att + pad, dim=-1).to(v.dtype), v)
+        elif self.spelling in ("bloom", "baddbmm-zeros"):  # on (B·H, T, D) rows: BLOOM adds its
+            # ALiBi (B·H, 1, Tk) in baddbmm, GPT-NeoX-Japanese zeros; then the causal mask
+            rows = lambda z: z.reshape(b * HEADS, t, c // HEADS)  # noqa: E731
+            if self.spelling == "bloom":
+                slopes = torch.tensor([2.0 ** (-(i + 1)) for i in range(HEADS)], device=x.device)
+                first = (slopes[:, None] * torch.arange(t, device=x.device)).repeat(b, 1)[:, None, :]
+            else:
+                first = torch.zeros(b * HEADS, t, t, device=x.device, dtype=x.dtype)
+            att = torch.baddbmm(first.to(x.dtype), rows(q), rows(k).transpose(-1, -2), beta=1.0,
+                                alpha=1 / math.sqrt(c // HEADS)).view(b, HEADS, t, t)
+            mask = torch.full((t, t), torch.finfo(x.dtype).min, device=x.device).triu(1)
+            probs = F.softmax(att + mask, dim=-1, dtype=torch.float32).to(x.dtype)
+            y = torch.bmm(probs.view(b * HEADS, t, t), rows(v)).view(b, HEADS, t, c // HEADS)
         elif self.spelling == "sdpa-math":
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -92,7 +107,8 @@ def _ids(t: int) -> torch.Tensor:
 @pytest.mark.parametrize("spelling, dtype", [("nanogpt", torch.float32), ("meta", torch.float32),
                                              ("padded", torch.float32), ("gpt-neo", torch.float32),
                                              ("gpt-neo", torch.bfloat16), ("sdpa-math", torch.float32),
-                                             ("sdpa-math", torch.bfloat16)])
+                                             ("sdpa-math", torch.bfloat16), ("bloom", torch.float32),
+                                             ("bloom", torch.bfloat16), ("baddbmm-zeros", torch.float32)])
 def test_hand_written_attention_is_one_kernel(spelling, dtype):
     """bf16 GPT-Neo: the mask made at emit is fp32 (fp32's min in a bf16 mask is -inf, and
     confirmation refused every site)."""

@@ -144,6 +144,9 @@ _EAGER = {  # family: (config, model, config kwargs, the attention family that m
     "GPTNeo": ("GPTNeoConfig", "GPTNeoForCausalLM",
                dict(hidden_size=64, num_layers=2, num_heads=4, vocab_size=128, max_position_embeddings=256,
                     attention_types=[[["global", "local"], 1]], window_size=4), "attention"),
+    # BLOOM: baddbmm(ALiBi (B·H, 1, Tk), q, kᵀ) on (B·H, T, D) rows, then the causal mask
+    "Bloom": ("BloomConfig", "BloomForCausalLM",
+              dict(hidden_size=64, n_layer=2, n_head=4, vocab_size=128), "attention"),
     # attention sinks: cat([scores, sinks]), minus the row max, softmax, [..., :-1]
     "GptOss": ("GptOssConfig", "GptOssForCausalLM",
                dict(_DECODER, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,

@@ -220,16 +220,9 @@ def _additive_mask(graph: fx.Graph, m: Match) -> Match:
     ops = dict(m.operands)
     cond, keeps, value = ops.pop("drop"), ops.pop("drop_keeps"), ops.pop("drop_value")
     after, add = ops.pop("mask_after_drop"), ops.get("mask")
-    pos = _position(graph)
-    cursor = max((n for n in (cond, add) if isinstance(n, fx.Node)), key=pos.__getitem__)
-
-    def insert(target: Any, *args: Any, **kwargs: Any) -> fx.Node:
-        nonlocal cursor
-        with graph.inserting_after(cursor):
-            cursor = new_node(graph, target, args, kwargs)
-        return cursor
-    if add is not None and fake(add).dtype != torch.float32:
-        add = insert(aten._to_copy.default, add, dtype=torch.float32)
+    insert = _inserter(graph, cond, add)
+    if add is not None:
+        add = _fp32(insert, add)
     if add is None or after:
         mask = insert(aten.where.Scalar, cond, *((0.0, value) if keeps else (value, 0.0)))
         if add is not None:
@@ -239,6 +232,38 @@ def _additive_mask(graph: fx.Graph, m: Match) -> Match:
     else:
         mask = insert(aten.where.ScalarSelf, cond, value, add)
     return dataclasses.replace(m, operands={**ops, "mask": mask})
+
+
+def _heads_bias(graph: fx.Graph, m: Match) -> Match:
+    """baddbmm's bias b (B·H, 1|Tq, Tk) (BLOOM's ALiBi) as the kernel's mask: b viewed
+    (B, H, 1|Tq, Tk), plus the site's additive mask if it has one, in fp32 (eager adds
+    both to the scores before the softmax; fp32's min in a bf16 mask is -inf). Made right
+    after the later of the two."""
+    ops = dict(m.operands)
+    bias, add = ops.pop("heads_bias"), ops.get("mask")
+    insert = _inserter(graph, bias, add)
+    mask = insert(aten.unflatten.int, bias, 0, [-1, int(fake(ops["q"]).shape[1])])
+    if add is not None:
+        mask = insert(aten.add.Tensor, _fp32(insert, mask), _fp32(insert, add))
+    return dataclasses.replace(m, operands={**ops, "mask": mask})
+
+
+def _fp32(insert: Callable[..., fx.Node], x: fx.Node) -> fx.Node:
+    return x if fake(x).dtype == torch.float32 else insert(aten._to_copy.default, x, dtype=torch.float32)
+
+
+def _inserter(graph: fx.Graph, *after: Any) -> Callable[..., fx.Node]:
+    """insert(target, *args, **kwargs): a new node after the last of `after`'s nodes (then
+    after the node inserted before it)."""
+    pos = _position(graph)
+    cursor = max((n for n in after if isinstance(n, fx.Node)), key=pos.__getitem__)
+
+    def insert(target: Any, *args: Any, **kwargs: Any) -> fx.Node:
+        nonlocal cursor
+        with graph.inserting_after(cursor):
+            cursor = new_node(graph, target, args, kwargs)
+        return cursor
+    return insert
 
 
 def _emit_bias_act_addmm(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
@@ -434,6 +459,8 @@ def emit(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
         return _emit_gated_linear(graph, m, config)
     if m.kernel == "rope_table":
         return _emit_rope_table(graph, m, config)
+    if m.kernel == "attention" and m.operands.get("heads_bias") is not None:
+        m = _heads_bias(graph, m)
     if m.kernel == "attention" and m.operands.get("drop") is not None:
         m = _additive_mask(graph, m)
     if m.kernel in ("rope_qk", "attention") and ("pairs" in m.operands or "seq_dim" in m.operands):

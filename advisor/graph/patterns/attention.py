@@ -47,7 +47,7 @@ def _explicit_attention(softmax: fx.Node) -> tuple[fx.Node, ...] | None:
                 *CAST_OPS):
         chain.append(node)
         node = scores_in(node)
-    if not is_op(node, *MATMUL_OPS):
+    if not is_op(node, *MATMUL_OPS, aten.baddbmm.default):
         return None
     after, cur = [], softmax
     while (out := next((u for u in cur.users if is_op(u, *MATMUL_OPS)), None)) is None:
@@ -297,6 +297,7 @@ class _Scores:
     drop_value: float = 0.0     # what a dropped score becomes: -inf, or DROPPED for a finite fill
     mask_after_drop: bool = False  # the mask is added to dropped scores too (GPT-Neo)
     sinks: Any = None           # (Hq,) node: a logit per head with no value (GPT-OSS)
+    heads_bias: Any = None      # (B·H, 1|Tq, Tk) node added to q·kᵀ·scale first (BLOOM's ALiBi)
     # constants read (a fill value, a scale made as a tensor): in the site, so confirmation
     # runs them as they are, and kept for any other reader
     constants: list[fx.Node] = field(default_factory=list)
@@ -378,26 +379,71 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
         if len(mm2.users) != 1 or not views:
             return None
         y = views[0]
-    (q, q_chain), (kt, kt_chain) = (_bmm_source(a) for a in mm1.args[:2])
+    qk_operands = mm1.args[:2]  # q and kᵀ as the first product reads them
+    if is_op(mm1, aten.baddbmm.default):
+        if not _read_baddbmm(mm1, scores):
+            return None
+        qk_operands = mm1.args[1:3]
+    (q, q_chain), (kt, kt_chain) = (_bmm_source(a) for a in qk_operands)
     v, v_chain = _bmm_source(mm2.args[1])
+    k_direct = _transposed_rows(qk_operands[1]) if kt is None else None  # kᵀ of (B·H, T, D) rows
+    if k_direct is not None:
+        kt, kt_chain = k_direct
     if q is None or kt is None or v is None:
         return None
     (q, cq, q_scale), (kt, ck, k_scale) = _scaled(q), _scaled(kt)
-    if not _swaps_last_two(kt):
+    if k_direct is None and not _swaps_last_two(kt):
         return None
+    if scores.heads_bias is not None and not _same(fake(scores.heads_bias).shape[0],
+                                                    fake(q).shape[0] * fake(q).shape[1]):
+        return None  # the bias must be one (1|Tq, Tk) slice per batch and head
     scores.scale *= cq * ck
     product = y  # P·V as (B, H, Tq, D)
     down = _downcast(y)  # the math backend's fp32 result, cast back to q's dtype
     y = down[0] if down else y
-    k, ty = kt.args[0], fake(y)
+    k, ty = (kt if k_direct is not None else kt.args[0]), fake(y)
     (q, q_up), (k, k_up), (v, v_up) = (_before_upcast(x, ty) for x in (q, k, v))
     tq, tv = fake(q), fake(v)
     if ty is None or tq is None or tv is None or not same_sizes(ty, tq) \
             or not ty.dtype == tq.dtype == tv.dtype:
         return None
-    own = (*q_up, *q_scale, *q_chain, *k_up, kt, *k_scale, *kt_chain, *nodes, *v_up, *v_chain,
+    own = (*q_up, *q_scale, *q_chain, *k_up, *([] if k_direct else [kt]), *k_scale, *kt_chain,
+           *nodes, *v_up, *v_chain,
            *([product] if product is not mm2 else []), *down, *scores.side, *scores.constants)
     return _Site(q, k, v, False, scores, tuple(dict.fromkeys(own)), y)
+
+
+def _read_baddbmm(mm: fx.Node, scores: _Scores) -> bool:
+    """baddbmm(b, q, kᵀ, beta=1, alpha=α) = b + α·q·kᵀ (BLOOM: b its ALiBi, (B·H, 1, Tk);
+    GPT-NeoX-Japanese: zeros) into `scores`: α joins the scale; b, unless zeros, is the
+    `heads_bias` added before anything else. False where the kernel would compute otherwise:
+    beta ≠ 1 on a bias, a scale or cap after it (it would scale the bias), a drop (the bias
+    is not read where it drops)."""
+    b = mm.args[0]
+    beta, alpha = mm.kwargs.get("beta", 1), mm.kwargs.get("alpha", 1)
+    if not isinstance(alpha, (int, float)) or not isinstance(beta, (int, float)) or alpha == 0:
+        return False
+    scale_after, scores.scale = scores.scale, scores.scale * alpha
+    if is_op(b, aten.zeros.default) or (is_op(b, aten.full.default) and _constant(b)[0] == 0.0):
+        scores.constants.append(b)  # confirmation runs it as it is (CSE shares one)
+        return True
+    tb = fake(b)
+    if (beta != 1 or tb is None or tb.dim() != 3 or scale_after != 1.0 or scores.softcap
+            or scores.drop is not None):
+        return False
+    scores.heads_bias = b
+    return True
+
+
+def _transposed_rows(kt: Any) -> tuple[fx.Node, list[fx.Node]] | None:
+    """kᵀ as `k.reshape(B·H, T, D).transpose(-1, -2)` (BLOOM, XGLM): (the 4-D k, the nodes
+    between), else None."""
+    t = fake(kt)
+    if not is_op(kt, aten.transpose.int) or t is None or t.dim() != 3 \
+            or sorted(int(d) % 3 for d in kt.args[1:]) != [1, 2]:
+        return None
+    k, chain = _bmm_source(kt.args[0])
+    return (k, [kt, *chain]) if k is not None else None
 
 
 def _scaled(x: Any) -> tuple[Any, float, list[fx.Node]]:
@@ -614,7 +660,9 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
                   "interleaved": False, "q_pos": q_pos, "softcap": sc.softcap, "sinks": sc.sinks,
                   # made one additive mask with `mask` at emit (emit.py `_additive_mask`)
                   **({"drop": sc.drop, "drop_keeps": sc.keeps, "drop_value": sc.drop_value,
-                      "mask_after_drop": sc.mask_after_drop} if sc.drop is not None else {})}
+                      "mask_after_drop": sc.mask_after_drop} if sc.drop is not None else {}),
+                  # (B·H, 1|Tq, Tk), added to the mask at emit (emit.py `_heads_bias`)
+                  **({"heads_bias": sc.heads_bias} if sc.heads_bias is not None else {})}
         if q_pos is not None:  # confirmation draws positions among the keys (rewrite.py)
             common["keys"] = hint(tk.shape[2])
         # the kernel rotates q and k as it loads them: the RoPE's operands are the site's
