@@ -207,10 +207,36 @@ def test_a_model_dynamo_cannot_trace_runs_unfused_with_one_warning():
         torch.testing.assert_close(fast(x[:, :3]), model(x[:, :3]))
     total = next(r for r in fast.summary() if r["family"] == "(all)")
     assert "TorchRuntimeError" in total["untraceable"]
+    assert not [r for r in fast.summary() if r.get("applied")]  # nothing fused runs
+    fast = apply(_Untraceable(), ALL_FUSIONS)
     with pytest.raises(RuntimeError):  # the model's own error is the caller's, as without advisor
-        apply(_Untraceable(), ALL_FUSIONS)(torch.randn(2, 5, 5))
+        fast(torch.randn(2, 5, 5))
+    with pytest.warns(UserWarning, match="cannot trace"):  # and the next call falls back
+        assert fast(x).shape == x.shape
     with pytest.raises(torch._dynamo.exc.TorchDynamoException):
         apply(_Untraceable(), ALL_FUSIONS, strict=True)(x)
+
+
+class _WritesThenBreaks(_Untraceable):
+    """A graph that writes state in place runs before the break; the trace fails after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(2, 5, 4))
+
+    def forward(self, x):
+        self.seen.add_(x)
+        torch._dynamo.graph_break()
+        return super().forward(x)
+
+
+def test_a_failed_trace_after_a_graph_ran_is_not_run_again():
+    """Running the model again would write its state twice (a review's case: a cache
+    doubled): the trace's error is raised instead."""
+    model, x = _WritesThenBreaks(), torch.randn(2, 5, 4)
+    with pytest.raises(torch._dynamo.exc.TorchDynamoException):
+        apply(model, ALL_FUSIONS)(x)
+    torch.testing.assert_close(model.seen, x)
 
 
 def test_apply_patches_nothing_global_and_is_reversible():

@@ -164,6 +164,7 @@ class AdvisedModel(torch.nn.Module):
                 state.graphs = GraphCache(state.fn)  # replays never enter dynamo
         start = time.perf_counter()
         state.started = start if first else None
+        compiled_before = state.compiles
         with torch.no_grad(), programmatic_launch(state.plan.pdl):
             try:
                 if state.graphs is not None:  # captures launch (and record) PDL; replays launch nothing
@@ -171,7 +172,12 @@ class AdvisedModel(torch.nn.Module):
                 else:
                     out = state.fn(*args, **kwargs)
             except Exception as exc:
-                if not first or self.strict or not _untraceable(exc):
+                if not first:
+                    raise
+                state.fn = state.graphs = None  # the next call starts anew: a first call again
+                # a graph before a graph break already ran (in-place writes made): running the
+                # model again would make them twice
+                if self.strict or not _untraceable(exc) or state.compiles > compiled_before:
                     raise
                 out = self._run_unfused(state, bucket, exc, args, kwargs)
         if first:  # to the first result: the device's work included
@@ -183,13 +189,15 @@ class AdvisedModel(torch.nn.Module):
 
     def _run_unfused(self, state: BucketState, bucket: Bucket | None, exc: Exception,
                      args: tuple, kwargs: dict) -> Any:
-        """Dynamo could not trace the model (FALLBACK): the bucket runs the original from
-        now on, with one warning. An input the model itself refuses raises from here, as
-        it would without advisor."""
+        """Dynamo could not trace the model (FALLBACK), before any graph of it ran: the
+        bucket runs the original from now on, with one warning. An input the model itself
+        refuses raises from here, as it would without advisor (and the next call tries the
+        trace again). Python side effects of the failed trace before the failure (a
+        counter bumped in forward) are not undone."""
         out = self.original(*args, **kwargs)
         reason = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
         state.untraceable = f"{type(exc).__name__}: {reason}"[:300]
-        state.fn, state.graphs = self.original, None
+        state.fn, state.graphs, state.reports = self.original, None, []
         where = f"the bucket up to {bucket.max_len} tokens" if bucket else "lengths past every bucket"
         warnings.warn(f"advisor: torch.compile cannot trace this model ({state.untraceable}); "
                       f"{where} runs unfused", stacklevel=3)
