@@ -38,7 +38,14 @@ _TINY = {
     ("num_experts_per_tok", "top_k", "moe_topk"): 2,
     ("vocab_size",): 128,
     ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"): 256,
+    # multi-head latent attention (DeepSeek-V2/V3 and their kin): per-head dims and ranks
+    ("qk_rope_head_dim",): 8, ("qk_nope_head_dim",): 8, ("v_head_dim",): 16,
+    ("kv_lora_rank", "q_lora_rank"): 32,
+    ("rotary_dim",): 8,  # GPT-J, CodeGen: within the head dim
+    ("n_group", "num_expert_group", "topk_group"): 1,  # grouped routing over 4 experts
 }
+# unset (None: derived from the others) in some configs, set to the tiny value as well
+_DERIVED = {"head_dim", "n_inner", "num_key_value_heads"}
 _VOCAB = 128
 
 
@@ -49,11 +56,19 @@ def _tiny_config(model_type: str):
     text = getattr(config, "text_config", None) or config
     for names, value in _TINY.items():
         for name in names:
-            if name in text.to_dict() and isinstance(getattr(text, name, None), int):
+            held = getattr(text, name, None) if name in text.to_dict() else False
+            if (isinstance(held, int) and not isinstance(held, bool)) or (held is None and name in _DERIVED):
                 setattr(text, name, value)
+    if isinstance(getattr(text, "qk_rope_head_dim", None), int) and "head_dim" in text.to_dict():
+        text.head_dim = text.qk_rope_head_dim  # MLA configs: the RoPE tables' width, and
+        if "num_key_value_heads" in text.to_dict():  # k, v made per q head (no GQA repeat)
+            text.num_key_value_heads = text.num_attention_heads
     layers = getattr(text, "layer_types", None)
     if isinstance(layers, list):  # per-layer kinds (sliding, full, linear...) as many as layers
-        text.layer_types = (layers * 2)[:text.num_hidden_layers]
+        try:
+            text.layer_types = (layers * 2)[:text.num_hidden_layers]
+        except AttributeError:  # a property derived from other fields (Mamba's)
+            pass
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if isinstance(getattr(text, name, None), int) and getattr(text, name) >= _VOCAB:
             setattr(text, name, 0)
