@@ -426,18 +426,14 @@ def _rope_at(node: fx.Node) -> Match | None:
 
 
 def _widened(node: Any) -> fx.Node | None:
-    """node's only reader when that is a cast of it to fp32 from fp16/bf16, else None."""
+    """node's only reader when that is an exact upcast of it, read once; else None."""
     cast = next(iter(node.users)) if isinstance(node, fx.Node) and len(node.users) == 1 else None
     return cast if _widens(node, cast) else None
 
 
 def _widens(node: Any, cast: Any) -> bool:
-    """`cast` casts `node` (fp16/bf16) to fp32 and is read once."""
-    if not is_op(cast, *CAST_OPS) or strip_casts(cast) is not node or len(cast.users) != 1:
-        return False
-    t, tc = fake(node), fake(cast)
-    return t is not None and tc is not None and t.dtype in (torch.float16, torch.bfloat16) \
-        and tc.dtype == torch.float32
+    """`cast` upcasts `node` exactly (`strip_casts`: fp16/bf16 to fp32) and is read once."""
+    return is_op(cast, *CAST_OPS) and len(cast.users) == 1 and strip_casts(cast) is node
 
 
 def _partial(x: Any, y: fx.Node) -> tuple[Any, fx.Node, list[fx.Node]]:
