@@ -15,7 +15,7 @@ import torch
 
 from advisor.kernels.testing import max_violation, tolerance
 from advisor.runtime.apply import apply
-from advisor.runtime.plan import ALL_FUSIONS
+from advisor.runtime.plan import ALL_FUSIONS, Plan
 
 transformers = pytest.importorskip("transformers")
 
@@ -119,6 +119,26 @@ def test_mqa_repeat_kv_from_one_kv_head_is_read_before_the_repeat():
         assert "attention_rope" in {r["family"] for r in rows if r.get("applied")}, (kv, rows)
         launches[kv] = next(r for r in rows if r["family"] == "(all)")["launches_after"]
     assert launches[1] == launches[2], launches
+
+
+def test_rotate_half_written_the_other_way_is_rope_with_sin_negated():
+    """NanoChat's rotate_half is cat(x2, -x1): x·cos + that·sin is RoPE with sin negated.
+    (With every family on, add_rms_norm takes the rotation's last add into the QK-norm that
+    follows it, a choice the tuner makes.)"""
+    model = _tiny_config_model("NanoChatConfig", "NanoChatForCausalLM", _DECODER)
+    refs = {t: model(**_ids(t)).logits for t in (1, 5)}
+    fast = apply(model, Plan(("rope", "rope_table")))
+    for t, ref in refs.items():
+        assert max_violation(fast(**_ids(t)).logits, ref, tolerance(torch.float32, model=True)) <= 0
+    row = next(r for r in fast.summary() if r["family"] == "rope")
+    assert row["applied"] >= 2 and not row["unfused"], row  # both layers, in each trace
+
+
+def _tiny_config_model(config_name: str, model_name: str, kwargs: dict) -> torch.nn.Module:
+    config = getattr(transformers, config_name)(**kwargs)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return getattr(transformers, model_name)(config).eval()
 
 
 def _eager(config_name: str, model_name: str, **kwargs) -> torch.nn.Module:

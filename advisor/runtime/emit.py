@@ -177,7 +177,8 @@ def _emit_prepared_rope(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node,
     """A RoPE matched on (re, im) pairs or on (B, T, H, D) (patterns/rope.py: `seq_dim`,
     `pairs`), alone or folded into the attention. The kernel's operands are made first: a
     complex table's real and imaginary parts (views); a 4-D table squeezed to (1|B, T, ·);
-    each per-pair value repeated twice (a small copy of the table, the same for every
+    sin negated for a rotation the other way (`pairs` "neg", "halves_neg"); each per-pair
+    or per-half value repeated twice (a small copy of the table, the same for every
     layer, which CSE leaves one of); q and k transposed to (B, H, T, D) (views). rope_qk's
     results are transposed back."""
     ops, seq_dim = dict(m.operands), m.operands.get("seq_dim", 2)
@@ -193,11 +194,11 @@ def _emit_prepared_rope(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node,
             table = after(after(table, aten.view_as_real.default), aten.select.int, -1, i)
         if fake(table).dim() == 4 and (pairs or seq_dim == 1):  # (1|B, T, 1, ·) or (1|B, 1, T, ·)
             table = after(table, aten.squeeze.dim, 3 - seq_dim)  # -> (1|B, T, ·)
-        if pairs in ("halves", "halves_neg"):  # (…, R/2) -> [t, t]; a rotation the other way: -sin
-            if name == "sin" and pairs == "halves_neg":
-                table = after(table, aten.neg.default)
+        if name == "sin" and pairs in ("halves_neg", "neg"):  # a rotation the other way: -sin
+            table = after(table, aten.neg.default)
+        if pairs in ("halves", "halves_neg"):  # (…, R/2) -> [t, t]
             table = after(table, aten.repeat.default, [1] * (fake(table).dim() - 1) + [2])
-        elif pairs:  # one value per (re, im) pair -> each repeated twice
+        elif pairs and pairs != "neg":  # one value per (re, im) pair -> each repeated twice
             table = after(table, aten.repeat_interleave.self_int, 2, -1)
         ops[name] = table
     transpose = None

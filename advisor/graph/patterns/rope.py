@@ -79,12 +79,20 @@ def _size(v: Any) -> int | None:
     return int(v) if isinstance(v, (int, torch.SymInt)) else None
 
 
-def _rotate_half(cat: fx.Node) -> tuple[Any, list[fx.Node]] | None:
-    """x and the nodes of cat(-x2, x1) over the full last dim of x."""
+def _rotate_half(cat: fx.Node) -> tuple[Any, list[fx.Node], bool] | None:
+    """(x, the nodes, False) of cat(-x2, x1) over the full last dim of x; (x, the nodes,
+    True) of cat(x2, -x1), the rotation the other way (NanoChat's: x·cos + that·sin is RoPE
+    with sin negated)."""
     parts, dim = cat.args[0], cat.args[1] if len(cat.args) > 1 else 0
-    if len(parts) != 2 or not is_op(parts[0], aten.neg.default):
+    if len(parts) != 2:
         return None
-    hi, lo = _half_of(parts[0].args[0]), _half_of(parts[1])
+    other_way = is_op(parts[1], aten.neg.default) and not is_op(parts[0], aten.neg.default)
+    if other_way:
+        hi, lo, neg = _half_of(parts[0]), _half_of(parts[1].args[0]), parts[1]
+    elif is_op(parts[0], aten.neg.default):
+        hi, lo, neg = _half_of(parts[0].args[0]), _half_of(parts[1]), parts[0]
+    else:
+        return None
     if hi is None or lo is None or hi[0] is not lo[0]:
         return None
     x = hi[0]
@@ -94,9 +102,9 @@ def _rotate_half(cat: fx.Node) -> tuple[Any, list[fx.Node]] | None:
     r = int(tx.shape[-1])
     if lo[1:] != (0, r // 2) or hi[1:] != (r // 2, r):
         return None
-    halves = [parts[0].args[0], parts[1]]
+    halves = [neg.args[0], parts[0] if other_way else parts[1]]
     split = [h.args[0] for h in halves if is_getitem(h)]
-    return x, [*split, *halves, parts[0], cat]
+    return x, [*split, *halves, neg, cat], other_way
 
 
 _FLATTENS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
@@ -373,8 +381,11 @@ def _rope_at(node: fx.Node) -> Match | None:
         return pairs
     if is_op(node, aten.cat.default) and (halves := _halves_rope_at(node)) is not None:
         return halves
+    other_way = False
     if is_op(node, aten.cat.default):
         found, interleaved = _rotate_half(node), False
+        if found is not None:
+            *found, other_way = found
         rot = node
     else:
         pairs, interleaved = _rotate_pairs(node), True
@@ -421,6 +432,8 @@ def _rope_at(node: fx.Node) -> Match | None:
             layout = _table_layout(tx, tc) if tx is not None and tc is not None else None
             if layout in (1, EITHER):
                 operands["seq_dim"] = layout  # 1: (B, T, H, D), GPT-J: the emitter transposes
+            if other_way:  # the emitter negates sin
+                operands["pairs"] = "neg"
             return Match("rope", "rope_qk", module_path(add), nodes, operands, {"y": y})
     return None
 
