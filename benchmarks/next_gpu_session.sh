@@ -40,7 +40,7 @@
 #   explicit  benchmarks/explicit_attention_probe.py, then check_spellings.py on the written-out
 #           attention models (Gemma2, GptOss, nanogpt-attention, LlamaMHAEager) (~220 s)
 #   sweepdebug  family_sweep.py --ops --bisect on session 29's GPU-only failures (SWEEP_FAMILIES),
-#           then the same with ADVISOR_CONFIRM_THREADS=1 (~250 s)
+#           then the same with ADVISOR_CONFIRM_THREADS=1, then in fp32 (~350 s)
 #   sweep   family_sweep.py over every causal-LM family of transformers (or SWEEP_FAMILIES)
 #   plans   each of PLANS (plan or recipe files) benched at BENCH_SHAPES (128,512), no compile
 #           baselines -> $OUT/bench-<name>.json
@@ -224,7 +224,12 @@ sweepdebug)  # session 29's GPU-only sweep failures (doge SDPA, flex_olmo wrong;
   echo "sweepdebug rc=$?"; cut -c1-300 "$OUT/sweepdebug.log"
   ADVISOR_CONFIRM_THREADS=1 OUT=$OUT/threads1 timeout 100 python3 benchmarks/family_sweep.py --only $F \
     --jobs 6 --timeout 95 > "$OUT/sweep-threads1.log" 2>&1
-  echo "threads=1 rc=$?"; cut -c1-200 "$OUT/sweep-threads1.log" ;;
+  echo "threads=1 rc=$?"; cut -c1-200 "$OUT/sweep-threads1.log"
+  # (4) routing: both are MoE with top-2 of 4 experts; a bf16 rounding that flips a routing
+  # is not a kernel's error. In fp32 a flip needs a near-tie.
+  OUT=$OUT/fp32 timeout 100 python3 benchmarks/family_sweep.py --only $F --jobs 6 --timeout 95 \
+    --dtype float32 > "$OUT/sweep-fp32.log" 2>&1
+  echo "fp32 rc=$?"; cut -c1-200 "$OUT/sweep-fp32.log" ;;
 sweep)  # benchmarks/family_sweep.py over every causal-LM family (SWEEP_FAMILIES to narrow)
   OUT=$OUT/sweep timeout ${SWEEP_S:-560} python3 benchmarks/family_sweep.py --jobs 8 --timeout 150 \
     ${SWEEP_FAMILIES:+--only $SWEEP_FAMILIES} > "$OUT/sweep.log" 2>&1
