@@ -49,12 +49,18 @@ _DERIVED = {"head_dim", "n_inner", "num_key_value_heads"}
 _VOCAB = 128
 
 
-def _tiny_config(model_type: str):
+# --dense-moe: every token routed to every expert. A bf16 rounding anywhere (a fused kernel's
+# or eager's own) can flip a top-k routing near a tie, which moves a tiny model's output by
+# far more than rounding: with all experts taken, what is left to judge is the kernels.
+_DENSE_MOE = {("num_experts_per_tok", "top_k", "moe_topk"): 4}
+
+
+def _tiny_config(model_type: str, dense_moe: bool = False):
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(model_type)
     text = getattr(config, "text_config", None) or config
-    for names, value in _TINY.items():
+    for names, value in {**_TINY, **(_DENSE_MOE if dense_moe else {})}.items():
         for name in names:
             held = getattr(text, name, None) if name in text.to_dict() else False
             if (isinstance(held, int) and not isinstance(held, bool)) or (held is None and name in _DERIVED):
@@ -84,10 +90,15 @@ def _randomise(model: torch.nn.Module) -> None:
 
 
 def check_one(model_type: str, attention: str, dtype: torch.dtype | None = None,
-              bisect: bool = False, alone: tuple[str, ...] = (), ops: bool = False) -> dict:
+              bisect: bool = False, alone: tuple[str, ...] = (), ops: bool = False,
+              dense_moe: bool = False) -> dict:
     """apply(ALL_FUSIONS) against eager at 5 and 11 tokens, batch 2 (no cache); dtype: bf16
-    on a GPU, fp32 on the CPU unless given. bisect: each applied family (and each of `alone`) alone too; ops: the attention ops the
-    trace records and the matches found on its graph (which SDPA form this device picks)."""
+    on a GPU, fp32 on the CPU unless given. bisect: each applied family (and each of `alone`)
+    alone too; ops: the attention ops the trace records and the matches found on its graph
+    (which SDPA form this device picks); dense_moe: every expert taken per token.
+    A wrong row also judges torch.compile(backend="aot_eager") of the model ("compiled"): when
+    that is as wrong, the traced program itself differs from eager (dynamo's view of the
+    model's Python), not a kernel or a rewrite of ours."""
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -99,7 +110,7 @@ def check_one(model_type: str, attention: str, dtype: torch.dtype | None = None,
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
     try:
-        config = _tiny_config(model_type)
+        config = _tiny_config(model_type, dense_moe)
         config._attn_implementation = attention
         torch.manual_seed(0)
         model = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])(config).eval()
@@ -130,6 +141,9 @@ def check_one(model_type: str, attention: str, dtype: torch.dtype | None = None,
                notes={r["family"]: r["notes"] for r in rows if r.get("notes")},
                launches_before=total.get("launches_before"), launches_after=total.get("launches_after"),
                compiles=total.get("compiles"), seconds=round(time.perf_counter() - started, 1))
+    if not ok:
+        compiled = torch.compile(model, backend="aot_eager", dynamic=False)
+        row["compiled"] = [v.detail for v in _verdicts(compiled, model, exact, inputs, dtype)]
     if bisect:  # which family alone is wrong (or what it takes alone): the place to look
         row["alone"] = {}
         for family in dict.fromkeys((*applied, *alone)):
@@ -180,9 +194,10 @@ def _families() -> list[str]:
 
 
 def _in_child(model_type: str, attention: str, timeout: float, dtype: str, bisect: bool,
-              alone: str, ops: bool) -> dict:
+              alone: str, ops: bool, dense_moe: bool) -> dict:
     cmd = [sys.executable, __file__, "--child", model_type, attention, "--dtype", dtype,
-           *(["--bisect", "--alone", alone] if bisect else []), *(["--ops"] if ops else [])]
+           *(["--bisect", "--alone", alone] if bisect else []), *(["--ops"] if ops else []),
+           *(["--dense-moe"] if dense_moe else [])]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -206,6 +221,8 @@ def main() -> None:
     parser.add_argument("--alone", default="", help="with --bisect: families to try alone as well")
     parser.add_argument("--ops", action="store_true",
                         help="record the traced attention ops and the matches found")
+    parser.add_argument("--dense-moe", action="store_true",
+                        help="route every token to every expert (no top-k flips on rounding)")
     parser.add_argument("--child", nargs=2, metavar=("MODEL_TYPE", "ATTENTION"))
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -214,21 +231,28 @@ def main() -> None:
     if args.child:
         dtype = getattr(torch, args.dtype) if args.dtype else None
         print(json.dumps(check_one(*args.child, dtype, args.bisect,
-                                   tuple(f for f in args.alone.split(",") if f), args.ops), default=str), flush=True)
+                                   tuple(f for f in args.alone.split(",") if f), args.ops,
+                                   args.dense_moe), default=str), flush=True)
         return
     from benchmarks.common import header, write
 
     todo = [(f, a) for f in (args.only.split(",") if args.only else _families()) for a in ("sdpa", "eager")]
     with ThreadPoolExecutor(args.jobs) as pool:
         results = []
-        for res in pool.map(lambda fa: _in_child(*fa, args.timeout, args.dtype, args.bisect, args.alone, args.ops), todo):
+        for res in pool.map(lambda fa: _in_child(*fa, args.timeout, args.dtype, args.bisect, args.alone,
+                                                         args.ops, args.dense_moe), todo):
             results.append(res)
             print(json.dumps({k: res.get(k) for k in ("family", "attention", "status", "applied",
-                                                      "launches_before", "launches_after", "error", "alone")},
+                                                      "launches_before", "launches_after", "error", "compiled",
+                                                      "alone")},
                              default=str), flush=True)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     payload = header(dev, dtype=args.dtype or ("bfloat16" if dev.type == "cuda" else "float32"),
-                     shapes="batch 2, tokens 5/11, tiny configs (hidden 64, 2 layers)")
+                     shapes="batch 2, tokens 5/11, tiny configs (hidden 64, 2 layers)"
+                     + (", every expert per token" if args.dense_moe else ""))
+    import transformers
+
+    payload["environment"]["transformers"] = transformers.__version__
     payload["counts"] = {s: sum(r["status"] == s for r in results)
                          for s in sorted({r["status"] for r in results})}
     payload["results"] = results
