@@ -20,13 +20,14 @@ def _gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _qkv(b, hq, hkv, tq, tk, d, dtype, gen, transposed=True):
-    """q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D): views of HF's (B, T, H, D), or contiguous."""
-    def rand(h, t):
+def _qkv(b, hq, hkv, tq, tk, d, dtype, gen, transposed=True, dv=None):
+    """q (B, Hq, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv; Dv = D unless given): views
+    of HF's (B, T, H, D), or contiguous."""
+    def rand(h, t, width=d):
         if transposed:
-            return randn_nonzero((b, t, h, d), dtype, CPU, gen).transpose(1, 2)
-        return randn_nonzero((b, h, t, d), dtype, CPU, gen)
-    return rand(hq, tq), rand(hkv, tk), rand(hkv, tk)
+            return randn_nonzero((b, t, h, width), dtype, CPU, gen).transpose(1, 2)
+        return randn_nonzero((b, h, t, width), dtype, CPU, gen)
+    return rand(hq, tq), rand(hkv, tk), rand(hkv, tk, d if dv is None else dv)
 
 
 def _cfg(bm, bn, splits=1, w=4, stages=2):
@@ -39,7 +40,7 @@ def _check(q, k, v, cos=None, sin=None, mask=None, causal=False, interleaved=Fal
                                 softcap, sinks, config=config)
     ref = attn.reference(q, k, v, cos, sin, causal, scale, mask, None, interleaved, q_pos, softcap,
                          sinks)
-    assert out.is_contiguous() and out.dtype == q.dtype and out.shape == q.shape
+    assert out.is_contiguous() and out.dtype == q.dtype and out.shape == (*q.shape[:-1], v.shape[-1])
     assert_close(out, ref)
     return out
 
@@ -588,3 +589,161 @@ def test_sinks_kernel_prefill_and_split_decode(dtype):
         _check(q[:, :, :2], k, v, config=_cfg(16, 16, splits=splits), sinks=sinks)
     with pytest.raises(KernelInputError, match="sinks"):
         attn.launch_attention(q, k, v, sinks=sinks[:3])
+
+
+# --------------------------------------------------------------------------- v's own head dim
+# Multi-head latent attention (DeepSeek-V2/V3, Kimi, MiniCPM3, non-absorbed as in
+# transformers): q, k 192 wide, v 128. Tiny here: Dk 24 / Dv 16 (v narrower; BLOCK_D 32 is
+# masked, BLOCK_DV 16 is not), 40 / 64 (v wider), 32 / 24 (k's tile whole, v's masked).
+DV_PAIRS = [(24, 16), (40, 64), (32, 24)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d, dv", DV_PAIRS)
+def test_v_head_dim_differs_prefill(dtype, d, dv):
+    """out (B, Hq, Tq, Dv): GQA 4:2 over HF's transposed views, causal with ragged last
+    blocks (unmasked and masked key loops), an additive mask over Tq < Tk, contiguous v."""
+    gen = _gen(22)
+    q, k, v = _qkv(2, 4, 2, 33, 33, d, dtype, gen, dv=dv)
+    for cfg in (_cfg(16, 16), _cfg(32, 32, stages=1)):
+        _check(q, k, v, causal=True, config=cfg, scale=0.3)
+    q, k, v = _qkv(2, 4, 2, 21, 30, d, dtype, gen, transposed=False, dv=dv)
+    mask = randn_nonzero((2, 1, 21, 30), dtype, CPU, gen)
+    _check(q, k, v, mask=mask, config=_cfg(16, 16))
+    _check(q, k, v, mask=mask, causal=True, config=_cfg(32, 16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d, dv", DV_PAIRS[:2])
+def test_v_head_dim_differs_split_decode(dtype, d, dv):
+    """One query (and three, masked) against 37 keys: decode's packed heads, the keys split
+    2 ways (partial acc (SPLITS, B, Hq, Tq, Dv) and the combine over Dv) and unsplit, and 4
+    splits over 3 key blocks (an empty split)."""
+    gen = _gen(23)
+    q, k, v = _qkv(2, 4, 2, 1, 37, d, dtype, gen, dv=dv)
+    for cfg in (_cfg(16, 16), _cfg(16, 16, splits=2), _cfg(16, 32, splits=2)):
+        assert attn.SPACE.keep(cfg, attn.problem(q, k, v, causal=True))  # not replaced
+        _check(q, k, v, causal=True, config=cfg)
+    _, tables, m4, _ = attn._prepare(q, k, v, None, None, None, True, None, False, None)
+    out, _ = attn._run(q, k, v, tables, m4, True, None, False, _cfg(16, 16, splits=4))
+    assert out.shape == (2, 4, 1, dv)
+    assert_close(out, attn.reference(q, k, v, causal=True))
+    q3 = _qkv(2, 4, 2, 3, 37, d, dtype, gen)[0]
+    mask = randn_nonzero((2, 1, 3, 37), dtype, CPU, gen)
+    _check(q3, k, v, mask=mask, causal=True, config=_cfg(16, 16, splits=2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_v_head_dim_differs_rope_on_load(dtype):
+    """cos/sin rotate q and k (Dk 24, partial rotary 16) and never v (Dv 16): prefill,
+    per-batch random tables, causal; decode split in two; k rotated once before the
+    kernel (from ROTATE_ONCE_MIN_TQ)."""
+    gen = _gen(24)
+    b, tq, tk = 2, 13, 21
+    q, k, v = _qkv(b, 4, 2, tq, tk, 24, dtype, gen, dv=16)
+    cos, sin = (randn_nonzero((b, tk, 16), dtype, CPU, gen, scale=0.7) for _ in range(2))
+    for interleaved in (False, True):
+        _check(q, k, v, cos, sin, causal=True, interleaved=interleaved, config=_cfg(16, 16))
+    c1, s1 = rope.rope_tables(torch.arange(tk), 24, False, dtype)  # (1, Tk, 24): all of Dk
+    _check(q[:, :, -1:], k, v, c1, s1, causal=True, config=_cfg(16, 16, splits=2))
+    q2, k2, v2 = _qkv(b, 4, 2, tk, tk, 24, dtype, gen, dv=16)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(attn, "ROTATE_ONCE_MIN_TQ", tk)
+        _check(q2, k2, v2, c1, s1, causal=True, config=_cfg(16, 16))
+
+
+@pytest.mark.parametrize("d, dv", DV_PAIRS[:2])
+def test_v_head_dim_differs_tma(monkeypatch, d, dv):
+    """TMA=1: v's descriptor has its own block (1, 1, BLOCK_N, BLOCK_DV); keys past Tk and
+    past the last position (NaN here, a cache's unwritten tail) never reach the output."""
+    flags = _count_tma(monkeypatch)
+    q, k, v = _qkv(1, 4, 2, 20, 40, d, torch.bfloat16, _gen(25), dv=dv)
+    pos = torch.arange(20)[None, :] + 3
+    clean_v = v.clone()
+    v[:, :, 23:] = float("nan")
+    for causal in (False, True):
+        p = attn.problem(q, k, v, q_pos=pos, causal=causal)
+        cfg = {**attn.SPACE.default(p), "TMA": 1}
+        assert attn.SPACE.keep(cfg, p)
+        out = attn.launch_attention(q, k, v, causal=causal, q_pos=pos, config=cfg)
+        assert out.shape == (1, 4, 20, dv) and not out.isnan().any()
+        assert_close(out, attn.reference(q, k, clean_v, causal=causal, q_pos=pos))
+    assert flags == [True, True]
+
+
+def test_v_must_match_k_in_batch_heads_and_keys():
+    """v's head dim may differ from k's; its B, Hkv and Tk may not; nor may it pass MAX_D
+    (the custom op then runs the reference)."""
+    q, k, v = _qkv(2, 4, 2, 5, 7, 24, torch.float32, _gen(26), dv=16)
+    for bad in (v[:, :, :6], v[:1], v[:, :1]):  # Tk, B, Hkv
+        with pytest.raises(KernelInputError, match=r"v \(.*\) does not match k .* in B, Hkv, Tk"):
+            attn.launch_attention(q, k, bad)
+    wide = torch.randn(2, 2, 7, 264)
+    with pytest.raises(KernelInputError, match="v head dim 264 > 256"):
+        attn.launch_attention(q, k, wide)
+    out = torch.ops.advisor.attention(q, k, wide, None, None, None, False, 0.2, False, None, 0.0,
+                                      None, "")
+    assert_close(out, attn.reference(q, k, wide, scale=0.2))
+
+
+def test_v_head_dim_differs_custom_op_and_compile(monkeypatch):
+    """The op's fake output is (B, Hq, Tq, Dv): a graph that splits its last dim as 4 x 4
+    traces whole (not as Dk = 24), and the op runs Triton."""
+    calls = []
+    launch = attn.launch_attention
+    monkeypatch.setattr(attn, "launch_attention", lambda *a, **kw: calls.append(1) or launch(*a, **kw))
+    q, k, v = _qkv(1, 4, 2, 17, 17, 24, torch.bfloat16, _gen(27), dv=16)
+    fn = torch.compile(lambda q, k, v: torch.ops.advisor.attention(
+        q, k, v, None, None, None, True, 0.25, False, None, 0.0, None, "").unflatten(-1, (4, 4)),
+        backend="eager", fullgraph=True)
+    assert_close(fn(q, k, v), attn.reference(q, k, v, causal=True, scale=0.25).unflatten(-1, (4, 4)))
+    assert calls == [1]
+
+
+def test_v_head_dim_differs_reference_unfused_and_sdpa():
+    """reference and the eager baseline (`unfused`: SDPA, and the matmul form taken for
+    softcap / sinks) agree with SDPA at Dv != Dk; no keys give (B, Hq, Tq, Dv) zeros."""
+    gen = _gen(28)
+    q, k, v = _qkv(2, 4, 2, 9, 11, 24, torch.float32, gen, dv=16)
+    mask = randn_nonzero((2, 1, 9, 11), torch.float32, CPU, gen)
+    kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    want = F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask, scale=0.3)
+    assert want.shape == (2, 4, 9, 16)
+    assert_close(attn.reference(q, k, v, mask=mask, scale=0.3), want)
+    assert_close(attn.unfused(q, k, v, None, None, mask, False, 0.3, False), want)
+    cos, sin = rope.rope_tables(torch.arange(11), 24, False, torch.float32)
+    for kw in ({"causal": True}, {"softcap": 2.0}, {"sinks": torch.tensor([0.5, -1.0, 2.0, 0.0])}):
+        causal, softcap, sinks = kw.get("causal", False), kw.get("softcap", 0.0), kw.get("sinks")
+        assert_close(attn.unfused(q, k, v, cos, sin, None, causal, None, False, None, softcap, sinks),
+                     attn.reference_op(q, k, v, cos, sin, None, causal, None, False, None, softcap,
+                                       sinks))
+    empty_k, empty_v = k[:, :, :0], v[:, :, :0]
+    for out in (attn.reference(q, empty_k, empty_v), attn.launch_attention(q, empty_k, empty_v)):
+        assert torch.equal(out, torch.zeros(2, 4, 9, 16))
+
+
+def test_v_head_dim_in_problem_flops_bytes_and_space():
+    """flops: 2·D per pair for q·kᵀ, 2·Dv for P·v; bytes: out is (B, Hq, Tq, Dv); the
+    problem carries "dv" only where it differs; the space sizes v tiles and the
+    accumulator by Dv (DeepSeek-V3's 192 / 128 heads)."""
+    q, k, v = torch.empty(1, 2, 4, 24), torch.empty(1, 1, 4, 24), torch.empty(1, 1, 4, 16)
+    assert attn.flops(q, k, v, causal=True) == 2 * 2 * (24 + 16) * 10
+    assert attn.flops(q, k, v) == 2 * 2 * (24 + 16) * 16
+    assert attn.flops(q, k, k) == attn.flops(q, k) == 4 * 2 * 24 * 16
+    assert attn.bytes_moved(q, k, v) == 4 * (2 * 4 * 24 + 2 * 4 * 16 + 4 * 24 + 4 * 16)
+    assert attn.problem(q, k, v)["dv"] == 16 and "dv" not in attn.problem(q, k, k)
+
+    def meta(tq, tk, d, dv, **kw):
+        return attn.problem(*(torch.empty(1, 128, t, w, device="meta", dtype=torch.bfloat16)
+                              for t, w in ((tq, d), (tk, d), (tk, dv))), **kw)
+
+    for tq, tk in ((1, 4096), (128, 128), (512, 512), (4096, 4096)):
+        p, same = meta(tq, tk, 192, 128, causal=True), meta(tq, tk, 192, 192, causal=True)
+        cfgs = attn.SPACE.configs(p)
+        assert cfgs and all(attn._smem(c, p) <= attn.SMEM_MAX for c in cfgs)
+        assert attn._smem(attn.SPACE.default(p), p) <= attn.SMEM_LIMIT
+        assert attn._smem(cfgs[0], p) < attn._smem(cfgs[0], same)  # v tiles 128, not 256, wide
+    # 8 warps hold a (128, 128) fp32 accumulator (v's 128 dims), not a (128, 256) one
+    wide = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 1, "SPLITS": 1, "TMA": 0}
+    assert attn.SPACE.keep(wide, meta(512, 512, 192, 128))
+    assert not attn.SPACE.keep(wide, meta(512, 512, 192, 192))

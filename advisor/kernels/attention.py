@@ -3,7 +3,9 @@
 softmax(q·kᵀ·scale + mask [+ causal]) · v with an online softmax (running max m and sum l,
 fp32 accumulator). RoPE (both conventions of `advisor.kernels.rope`) rotates q and k as they
 are loaded: no rotated q/k is written. GQA/MQA maps q head h to kv head h // (Hq/Hkv).
-q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D) in any strides; out (B, Hq, Tq, D) contiguous. Causal
+q (B, Hq, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) in any strides; out (B, Hq, Tq, Dv)
+contiguous. Dv may differ from D (multi-head latent attention, DeepSeek-V2/V3's non-absorbed
+form: D 192, Dv 128); RoPE, the scale and the scores use D, the accumulator and out Dv. Causal
 is bottom-right (query i sees keys j <= i + Tk - Tq, as with a KV cache) and query i takes
 RoPE row i + Tk - Tq. `q_pos` (B|1, Tq) integer positions: query i of batch b sees keys
 j <= q_pos[b, i] (a static KV cache's causal mask, computed from the positions instead of
@@ -16,14 +18,15 @@ Decode (Tq <= 16): the Hq/Hkv q heads of a kv head share one M tile (k/v read on
 head) and SPLITS programs each take a chunk of keys, writing partial (m, l, acc) to fp32
 scratch; a combine kernel returns Σ e^(m_s−M)·acc_s / Σ e^(m_s−M)·l_s.
 
-HBM bytes, E = element size, S = B·Hq·Tq·D, K = B·Hkv·Tk·D, P = B·Hq·Tq·Tk:
-    fused = (2·S + 2·K)·E + cos/sin + mask  (read q, k, v once; write out)
+HBM bytes, E = element size, S = B·Hq·Tq·D, K = B·Hkv·Tk·D, P = B·Hq·Tq·Tk, and So, V the
+same with Dv for D (So = S, V = K when Dv == D):
+    fused = (S + So + K + V)·E + cos/sin + mask  (read q, k, v once; write out)
     eager HF attention + apply_rotary_pos_emb ≈ 10 rope passes over q and k, repeat_kv's
           (Hq/Hkv)·2·K copies, and P scores written and re-read by scale, mask add, fp32
           softmax and casts (≈ 12·P·E): the P terms are what fusion removes.
     launches: eager 19 with RoPE (rope 10, repeat_kv 2, matmul, scale, mask add, to fp32,
           softmax, to dtype, matmul), 9 without; fused 1 (2 with SPLITS > 1).
-FLOPs (`flops`): 4·D·B·Hq per visible (query, key) pair: Tq·Tk, about half when causal.
+FLOPs (`flops`): 2·(D + Dv)·B·Hq per visible (query, key) pair: Tq·Tk, about half when causal.
 
 Example (CPU needs TRITON_INTERPRET=1; on CUDA it runs the compiled kernel)::
 
@@ -88,11 +91,13 @@ def reference(q, k, v, cos=None, sin=None, causal: bool = False, scale: float | 
     logit per head in every row's softmax, with no value (GPT-OSS's attention sinks: it
     takes a share of the weight). RoPE (`rope`, default: cos given) is
     `advisor.kernels.rope.reference` (rotated q, k rounded to q.dtype, as HF does before
-    attention).
+    attention). v's head dim Dv may differ from q's and k's: out (B, Hq, Tq, Dv).
 
     >>> q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8)
     >>> reference(q, k, k, causal=True).shape
     torch.Size([1, 4, 3, 8])
+    >>> reference(q, k, torch.randn(1, 2, 3, 6)).shape  # Dv = 6
+    torch.Size([1, 4, 3, 6])
     """
     tq, tk = q.shape[2], k.shape[2]
     if cos is not None if rope is None else rope:
@@ -101,7 +106,7 @@ def reference(q, k, v, cos=None, sin=None, causal: bool = False, scale: float | 
         k = _rope_ref(k, cos, sin, interleaved)
     group = q.shape[1] // k.shape[1]
     kf = k.float().repeat_interleave(group, dim=1)  # (B, Hq, Tk, D)
-    vf = v.float().repeat_interleave(group, dim=1)
+    vf = v.float().repeat_interleave(group, dim=1)  # (B, Hq, Tk, Dv)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     s = q.float() @ kf.transpose(-1, -2) * scale  # (B, Hq, Tq, Tk)
     if softcap:
@@ -114,7 +119,7 @@ def reference(q, k, v, cos=None, sin=None, causal: bool = False, scale: float | 
     if q_pos is not None:
         s = s.masked_fill(~position_keep(q_pos, tq, tk), float("-inf"))
     if tk == 0:
-        return q.new_zeros(q.shape)
+        return q.new_zeros((*q.shape[:-1], v.shape[-1]))
     m = s.amax(-1, keepdim=True)
     sink = None if sinks is None else sinks.float().reshape(1, -1, 1, 1)  # (1, Hq, 1, 1)
     if sink is not None:
@@ -251,27 +256,30 @@ def _dot(a, b, acc, INTERP_BF16: tl.constexpr):
 @triton.jit
 def _attend(acc, l_i, m_i, q, k_base, v_base, KD, VD, kd_b, kd_h, cos, sin, mask_base, mask_rows,
             i, row_ok, pos_i, lo, hi, off, qk_scale, cap2, sk_t, sk_d, sv_t, sv_d, sc_t, sm_j, D,
-            R: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_POS: tl.constexpr,
+            DV, R: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_POS: tl.constexpr,
             SOFTCAP: tl.constexpr,
             INTERLEAVED: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr,
-            EVEN_D: tl.constexpr, INTERP_BF16: tl.constexpr, TMA: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+            EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERP_BF16: tl.constexpr,
+            TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            BLOCK_DV: tl.constexpr):
     """Online-softmax update over keys [lo, hi) in BLOCK_N steps, m in the log2 domain
     (scores · qk_scale, qk_scale = scale · log2 e; p = 2^(s − m)). MASKED: apply the key
     bound (hi), the causal diagonal and each row's position bound (pos_i, (BLOCK_M,));
     unmasked calls cover whole blocks every row sees, so their k/v loads need no mask
-    (none at all when EVEN_D). FAST (an unmasked call without an additive mask, qk_scale
-    >= 0): every score is finite, so no -inf guard, and the row max is taken before
-    scaling (max(s)·c = max(s·c) for c >= 0), leaving one FMA per score. TMA (no RoPE on
-    load): k and v tiles come by descriptor (KD, VD over (B, Hkv, Tk, D), block
-    (1, 1, BLOCK_N, BLOCK_D), at batch kd_b, kv head kd_h); keys past Tk read 0. SOFTCAP:
+    (none at all when EVEN_D, EVEN_DV). k tiles are (BLOCK_N, BLOCK_D) over D, v tiles
+    (BLOCK_N, BLOCK_DV) over v's head dim DV; acc is (BLOCK_M, BLOCK_DV). FAST (an unmasked
+    call without an additive mask, qk_scale >= 0): every score is finite, so no -inf
+    guard, and the row max is taken before scaling (max(s)·c = max(s·c) for c >= 0),
+    leaving one FMA per score. TMA (no RoPE on load): k and v tiles come by descriptor (KD
+    over (B, Hkv, Tk, D), block (1, 1, BLOCK_N, BLOCK_D); VD over (B, Hkv, Tk, DV), block
+    (1, 1, BLOCK_N, BLOCK_DV); at batch kd_b, kv head kd_h); keys past Tk read 0. SOFTCAP:
     scores capped as cap2·tanh(s / cap2) in the log2 domain (cap2 = softcap · log2 e: the
     same as capping before the change of base), before the mask; never FAST."""
-    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
     nl = tl.arange(0, BLOCK_N).to(tl.int64)  # key offsets within a block
     k_rows = nl * sk_t  # loop-invariant tile offsets; each block moves only the base
     t_rows = nl * sc_t
-    v_off = nl[:, None] * sv_t + d[None, :] * sv_d  # (BLOCK_N, BLOCK_D)
+    v_off = nl[:, None] * sv_t + dv[None, :] * sv_d  # (BLOCK_N, BLOCK_DV)
     m_off = mask_rows[:, None] + nl[None, :] * sm_j  # (BLOCK_M, BLOCK_N), read iff HAS_MASK
     for start in range(lo, hi, BLOCK_N):
         s0 = tl.cast(start, tl.int64)
@@ -279,14 +287,14 @@ def _attend(acc, l_i, m_i, q, k_base, v_base, KD, VD, kd_b, kd_h, cos, sin, mask
         n_ok = n < hi
         if TMA:
             k = tl.reshape(KD.load([kd_b, kd_h, start, 0]), (BLOCK_N, BLOCK_D))
-            v = tl.reshape(VD.load([kd_b, kd_h, start, 0]), (BLOCK_N, BLOCK_D))
+            v = tl.reshape(VD.load([kd_b, kd_h, start, 0]), (BLOCK_N, BLOCK_DV))
             if MASKED:  # keys in [hi, Tk) are real memory here (a cache's unwritten tail,
                 v = tl.where(n_ok[:, None], v, 0.0)  # NaN maybe): p = 0 must not meet them
         else:
             k = _load_rows(k_base + s0 * sk_t, k_rows, n_ok, sk_d, cos + s0 * sc_t,
                            sin + s0 * sc_t, t_rows, D, R, INTERLEAVED, INTERP_BF16, MASKED,
                            EVEN_D, BLOCK_D)  # (BLOCK_N, BLOCK_D)
-            v = _load_tile(v_base + s0 * sv_t + v_off, n_ok, d < D, MASKED, EVEN_D)
+            v = _load_tile(v_base + s0 * sv_t + v_off, n_ok, dv < DV, MASKED, EVEN_DV)
         s = _dot(q, tl.trans(k), None, INTERP_BF16)  # (BLOCK_M, BLOCK_N) fp32, unscaled
         if FAST:
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
@@ -345,15 +353,15 @@ def _key_range(r0, lo, CHUNK, ROWS, TQ, TK, pos_min, pos_max, CAUSAL: tl.constex
 
 @triton.jit
 def _attn_kernel(
-    Q, K, V,  # (B, Hq, Tq, D), (B, Hkv, Tk, D), (B, Hkv, Tk, D); any strides
+    Q, K, V,  # (B, Hq, Tq, D), (B, Hkv, Tk, D), (B, Hkv, Tk, DV); any strides
     KD, VD,  # TMA: descriptors of K and V (see _attend); else unused
     COS, SIN,  # (Bc, Tk, R) contiguous tables (read iff R > 0)
     SINKS,  # (Hq,) fp32: a logit per head with no value in every row's softmax (iff HAS_SINKS)
     MASK,  # additive mask as a (B, Hq, Tq, Tk) view, stride 0 on broadcast dims (iff HAS_MASK)
     POS,  # integer positions (B|1, Tq), strides sp_b (0: one row for every batch), sp_t (iff HAS_POS)
-    OUT,  # SPLIT: fp32 partial acc (SPLITS, B, Hq, Tq, D); else out (B, Hq, Tq, D) contiguous
+    OUT,  # SPLIT: fp32 partial acc (SPLITS, B, Hq, Tq, DV); else out (B, Hq, Tq, DV) contiguous
     M_PART, L_PART,  # SPLIT: fp32 (SPLITS, B, Hq, Tq) running max / sum per row
-    TQ, TK, HQ, D, N_ROWS,  # N_ROWS = B·Hq·Tq, rows of out
+    TQ, TK, HQ, D, DV, N_ROWS,  # D: q/k head dim, DV: v's (and out's); N_ROWS = B·Hq·Tq
     GROUP, PACK,  # Hq/Hkv; q heads per program (1 prefill, GROUP decode)
     CHUNK, qk_scale,  # keys per split (multiple of BLOCK_N); softmax scale · log2 e
     cap2,  # softcap · log2 e (read iff SOFTCAP)
@@ -367,14 +375,19 @@ def _attn_kernel(
     FINITE: tl.constexpr,  # no additive mask, no softcap, qk_scale >= 0: the FAST path
     SOFTCAP: tl.constexpr,  # logits soft-capped (see _attend)
     HAS_SINKS: tl.constexpr,
-    EVEN_D: tl.constexpr,  # D == BLOCK_D: no head-dim masks
+    EVEN_D: tl.constexpr,  # D == BLOCK_D: no head-dim masks on q, k
+    EVEN_DV: tl.constexpr,  # DV == BLOCK_DV: none on v
+    DV_IS_D: tl.constexpr,  # v's head dim is D: v tiles and out share q's, k's `d < D` masks
     PREFILL: tl.constexpr,  # grid (B·Hq, cdiv(Tq, BLOCK_M)): heads first, see below
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,  # v tiles, acc, out (== BLOCK_D when DV == D)
     BLOCK_TQ: tl.constexpr,  # next_power_of_2(Tq) when SPLIT and HAS_POS, else 1
     GDC: tl.constexpr,  # programmatic dependent launch (_triton.pdl_launch)
     TMA: tl.constexpr = False,  # k, v tiles by descriptor (prefill, R_K = 0)
 ):
     gdc_enter(GDC)
+    if DV_IS_D:  # one head-dim bound, as before DV existed (a second one is not CSE'd with it)
+        DV = D
     # grid = (cdiv(PACK·Tq, BLOCK_M), B·Hq/PACK, SPLITS); row r of the program's tile is
     # query i = r % Tq of q head h0 + r // Tq. PREFILL: grid (B·Hq, cdiv(Tq, BLOCK_M), 1),
     # programs start in launch order (x fastest), so every head's last query block (the
@@ -425,38 +438,41 @@ def _attn_kernel(
         if split == 0:  # the sink is a key of the first split's: m = its logit, l = e^0
             m_i = tl.load(SINKS + head, mask=row_ok, other=0.0) * LOG2E
             l_i = tl.full((BLOCK_M,), 1.0, tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
     k_base = K + b * sk_b + kvh * sk_h
     v_base = V + b * sv_b + kvh * sv_h
     mask_rows = b * sm_b + head * sm_h + i64 * sm_i
     kd_b, kd_h = b.to(tl.int32), kvh.to(tl.int32)  # descriptor coordinates (TMA)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, KD, VD, kd_b, kd_h, cos, sin, MASK,
                             mask_rows, i, row_ok, pos_i, lo, full, off, qk_scale, cap2, sk_t, sk_d,
-                            sv_t, sv_d, sc_t, sm_j, D, R_K, CAUSAL, HAS_MASK, HAS_POS, SOFTCAP,
-                            INTERLEAVED, False, FINITE, EVEN_D, INTERP_BF16, TMA, BLOCK_N, BLOCK_D)
+                            sv_t, sv_d, sc_t, sm_j, D, DV, R_K, CAUSAL, HAS_MASK, HAS_POS,
+                            SOFTCAP, INTERLEAVED, False, FINITE, EVEN_D, EVEN_DV, INTERP_BF16, TMA,
+                            BLOCK_N, BLOCK_D, BLOCK_DV)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, KD, VD, kd_b, kd_h, cos, sin, MASK,
                             mask_rows, i, row_ok, pos_i, full, hi, off, qk_scale, cap2, sk_t, sk_d,
-                            sv_t, sv_d, sc_t, sm_j, D, R_K, CAUSAL, HAS_MASK, HAS_POS, SOFTCAP,
-                            INTERLEAVED, True, False, EVEN_D, INTERP_BF16, TMA, BLOCK_N, BLOCK_D)
+                            sv_t, sv_d, sc_t, sm_j, D, DV, R_K, CAUSAL, HAS_MASK, HAS_POS,
+                            SOFTCAP, INTERLEAVED, True, False, EVEN_D, EVEN_DV, INTERP_BF16, TMA,
+                            BLOCK_N, BLOCK_D, BLOCK_DV)
 
-    d = tl.arange(0, BLOCK_D)
+    d = tl.arange(0, BLOCK_DV)
     orow = (b * HQ + head) * TQ + i64  # (BLOCK_M,) row of out
-    omask = row_ok[:, None] & (d < D)[None, :]
+    omask = row_ok[:, None] & (d < DV)[None, :]
     if SPLIT:
         prow = split.to(tl.int64) * N_ROWS + orow
         tl.store(M_PART + prow, m_i * LN2, mask=row_ok)  # natural-log max for the combine
         tl.store(L_PART + prow, l_i, mask=row_ok)
-        tl.store(OUT + prow[:, None] * D + d[None, :], acc, mask=omask)
+        tl.store(OUT + prow[:, None] * DV + d[None, :], acc, mask=omask)
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # fully masked rows: 0
         out = cast_rn(out, OUT.dtype.element_ty, INTERP_BF16)
-        tl.store(OUT + orow[:, None] * D + d[None, :], out, mask=omask)
+        tl.store(OUT + orow[:, None] * DV + d[None, :], out, mask=omask)
 
 
 @triton.jit
 def _combine_kernel(ACC, M_PART, L_PART, OUT, N_ROWS, D, SPLITS, INTERP_BF16: tl.constexpr,
                     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, GDC: tl.constexpr):
-    """One program per out row: merge SPLITS partial (m, l, acc) (scratch as above)."""
+    """One program per out row: merge SPLITS partial (m, l, acc) (scratch as above; D is
+    v's head dim, BLOCK_D its tile)."""
     gdc_enter(GDC)
     row = tl.program_id(0).to(tl.int64)
     s = tl.arange(0, BLOCK_S)
@@ -482,7 +498,9 @@ SMEM_LIMIT = 200 * 1024  # bytes the default may plan; of the 227 KB the rest is
 # Programming Guide, "Technical Specifications per Compute Capability": 227 KB), so the search
 # may try tiles the default does not risk (a compile that runs out of it is a failed trial).
 SMEM_MAX = 227 * 1024
-MAX_ACC_PER_THREAD = 64  # fp32 accumulator values (BLOCK_M·BLOCK_D) per thread
+# fp32 accumulator values (BLOCK_M·BLOCK_DV: v's head dim) per thread. q's (BLOCK_M, BLOCK_D)
+# tile is not counted: loaded once, it is a shared-memory operand of q·kᵀ (`_smem`).
+MAX_ACC_PER_THREAD = 64
 # Decode: the default splits the keys until this many programs (~2 per SM of an H100/H200)
 # or one key block per split. H200 probe (benchmarks/attention_decode_probe.py, Llama-3-8B
 # heads, BLOCK_N 64, 2 stages): 1024 slots 6.6 µs at SPLITS 16 vs 11.4 at the old default
@@ -494,21 +512,27 @@ def _block_d(d: int) -> int:
     return max(16, triton.next_power_of_2(d))  # tl.dot needs K >= 16
 
 
+def _block_dv(p: Problem) -> int:
+    """v's head-dim tile: v tiles, the accumulator and out (problems without "dv": D)."""
+    return _block_d(p.get("dv", p["d"]))
+
+
 def _rows(p: Problem) -> int:
     """Rows of the M tile space per program group: Tq (prefill) or Hq/Hkv·Tq (decode)."""
     return p["tq"] * (p["hq"] // p["hkv"] if p["tq"] <= DECODE_MAX_TQ else 1)
 
 
 def _smem(cfg: Config, p: Problem) -> int:
-    """Shared bytes: q, num_stages k and v tiles, one mask tile (additive mask). Equal to
-    the compiler's figure for sm_90 at D=128 bf16 (triton 3.9, 128x128 tiles, 2-3 stages).
+    """Shared bytes: q, num_stages k and v tiles (k, q BLOCK_D wide, v BLOCK_DV), one mask
+    tile (additive mask). Equal to the compiler's figure for sm_90 at D=128 bf16 (triton
+    3.9, 128x128 tiles, 2-3 stages).
     RoPE on load (below ROTATE_ONCE_MIN_TQ queries) pipelines k's rotate partner and the
     cos/sin rows too: counted as 4 K-side tiles per stage (H200, 128 queries, 128x128 at 2
     stages: the compiler asked 256 KB where k + v alone is 160 KB; 4 tiles give 288 KB)."""
     bd = _block_d(p["d"])
     mask = cfg["BLOCK_M"] * cfg["BLOCK_N"] if p.get("mask") else 0
     k_tiles = 4 if _rope_on_load(p) else 1
-    stage = cfg["BLOCK_N"] * bd * (k_tiles + 1)  # K side + v
+    stage = cfg["BLOCK_N"] * (bd * k_tiles + _block_dv(p))  # K side + v
     return (stage * cfg["num_stages"] + cfg["BLOCK_M"] * bd + mask) * _ELT.get(p["dtype"], 4)
 
 
@@ -523,7 +547,7 @@ def _keep(cfg: Config, p: Problem) -> bool:
         and min(64, tk // 4) <= bn <= max(16, tk)
         and bn * 4 >= bm
         and _smem(cfg, p) <= SMEM_MAX
-        and bm * _block_d(p["d"]) <= MAX_ACC_PER_THREAD * 32 * w
+        and bm * _block_dv(p) <= MAX_ACC_PER_THREAD * 32 * w
         and (w == 4 or bm * bn >= 2048)  # 8 warps on a smaller score tile leave lanes idle
         and (splits == 1 or (p["tq"] <= DECODE_MAX_TQ and splits <= triton.cdiv(p["tk"], bn)))
         and (not cfg.get("TMA", 0) or (p["tq"] > DECODE_MAX_TQ and splits == 1 and not _rope_on_load(p)))
@@ -542,9 +566,9 @@ def _rope_on_load(p: Problem) -> bool:
 
 
 def _default(p: Problem) -> Config:
-    bd = _block_d(p["d"])
+    bdv = _block_dv(p)  # the accumulator's width (registers); k's and q's width is in _smem
     bm = min(128, max(16, triton.next_power_of_2(max(_rows(p), 1))),
-             MAX_ACC_PER_THREAD * 32 * 8 // bd)
+             MAX_ACC_PER_THREAD * 32 * 8 // bdv)
     # Prefill: 128-row tiles once they give ~2 programs per SM, else 64 (more programs).
     # H200 probe (NOTES.md, session 11; causal, 32/8 heads, d 128, bf16, µs): 512 tokens
     # 64x64w4s3 12.1 vs 128x64w8s3 13.6 (SDPA 12.9); 2048: 87.9 (128x64) vs 88.5 (64x64);
@@ -554,8 +578,8 @@ def _default(p: Problem) -> Config:
         bm = 64
     bn = min(64, max(16, triton.next_power_of_2(max(p["tk"], 1))))
     # 8 warps once the accumulator needs them or at BLOCK_M=128 (4 spill there at D=64).
-    w = 8 if (bm * bd > MAX_ACC_PER_THREAD * 32 * 4 or bm >= 128) and bm * bn >= 2048 else 4
-    bm = min(bm, MAX_ACC_PER_THREAD * 32 * w // bd)
+    w = 8 if (bm * bdv > MAX_ACC_PER_THREAD * 32 * 4 or bm >= 128) and bm * bn >= 2048 else 4
+    bm = min(bm, MAX_ACC_PER_THREAD * 32 * w // bdv)
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": 3, "SPLITS": 1, "TMA": 0}
     while cfg["num_stages"] > 1 and _smem(cfg, p) > SMEM_LIMIT:
         cfg["num_stages"] -= 1
@@ -590,11 +614,13 @@ SPACE = ConfigSpace(
 
 def problem(q, k, v, cos=None, sin=None, mask=None, causal=False, scale=None,
             interleaved=False, q_pos=None, softcap=0.0, sinks=None) -> Problem:
-    """Shape facts for `SPACE` (custom-op argument order, as the KernelSpec tuple)."""
+    """Shape facts for `SPACE` (custom-op argument order, as the KernelSpec tuple); "dv"
+    (v's head dim) only where it differs from "d" (v None: as k)."""
     b, hq, tq, d = q.shape
+    dv = {} if v is None or v.shape[-1] == d else {"dv": v.shape[-1]}
     return {"dtype": str(q.dtype), "batch": b, "hq": hq, "hkv": max(k.shape[1], 1), "tq": tq,
-            "tk": k.shape[2], "d": d, "causal": int(bool(causal)), "rope": int(cos is not None),
-            "mask": int(mask is not None), "pos": int(q_pos is not None)}
+            "tk": k.shape[2], "d": d, **dv, "causal": int(bool(causal)),
+            "rope": int(cos is not None), "mask": int(mask is not None), "pos": int(q_pos is not None)}
 
 
 # --------------------------------------------------------------------------- launcher
@@ -607,11 +633,13 @@ def _check_qkv(q, k, v) -> None:
         check(t.dtype == q.dtype and t.device == q.device,
               f"{name}: {t.dtype} on {t.device}, q: {q.dtype} on {q.device}")
     b, hq, _, d = q.shape
-    check(k.shape == v.shape, f"k {tuple(k.shape)} != v {tuple(v.shape)}")
+    check(k.shape[:3] == v.shape[:3], f"v {tuple(v.shape)} does not match k {tuple(k.shape)} "
+          "in B, Hkv, Tk (v's head dim may differ)")
     check(k.shape[0] == b and k.shape[3] == d, f"k {tuple(k.shape)} does not match q "
           f"{tuple(q.shape)} in B, D")
     check(k.shape[1] >= 1 and hq % k.shape[1] == 0, f"Hq={hq} is not a multiple of Hkv={k.shape[1]}")
     check(d <= MAX_D, f"head dim {d} > {MAX_D}")
+    check(v.shape[3] <= MAX_D, f"v head dim {v.shape[3]} > {MAX_D}")
 
 
 def _tables(q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
@@ -677,8 +705,8 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
          softcap=0.0, sinks=None):
     """Launch (or only compile: `warmup`) on checked inputs. Returns (out, compiled)."""
     b, hq, tq, d = q.shape
-    hkv, tk = k.shape[1], k.shape[2]
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, Hq, Tq, D)
+    hkv, tk, dv = k.shape[1], k.shape[2], v.shape[3]
+    out = torch.empty((b, hq, tq, dv), dtype=q.dtype, device=q.device)  # (B, Hq, Tq, Dv)
     if out.numel() == 0 or tk == 0:
         return out.zero_(), None  # no keys: every row is fully masked
     c, s = tables if tables is not None else (q, q)  # dummies, never read
@@ -698,14 +726,14 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
     scale = float(d ** -0.5 if scale is None else scale)
     acc, ml = out, out.new_empty((2, 1), dtype=torch.float32)  # unsplit: out, dummies
     if splits > 1:  # fp32 scratch: partial acc and (m, l) of every split and out row
-        acc = torch.empty((splits, b, hq, tq, d), dtype=torch.float32, device=q.device)
+        acc = torch.empty((splits, b, hq, tq, dv), dtype=torch.float32, device=q.device)
         ml = torch.empty((2, splits, b, hq, tq), dtype=torch.float32, device=q.device)
-    block = [1, 1, bn, _block_d(d)]
-    kd, vd = (descriptor(k, block), descriptor(v, block)) if tma else (q, q)  # unused: dummies
+    kd, vd = ((descriptor(k, [1, 1, bn, _block_d(d)]), descriptor(v, [1, 1, bn, _block_d(dv)]))
+              if tma else (q, q))  # unused: dummies
     sinks32 = sinks.float().contiguous() if sinks is not None else q  # (Hq,) fp32, or a dummy
     args = (q, k, v, kd, vd, c, s, sinks32, m4 if m4 is not None else q, pos if pos is not None else q,
             acc, ml[0], ml[1],
-            tq, tk, hq, d, b * hq * tq, hq // hkv, pack,
+            tq, tk, hq, d, dv, b * hq * tq, hq // hkv, pack,
             triton.cdiv(triton.cdiv(tk, splits), bn) * bn,  # keys per split, whole blocks
             scale * math.log2(math.e),  # qk_scale: exp(x) = exp2(x · log2 e)
             float(softcap) * math.log2(math.e),  # cap2
@@ -717,8 +745,10 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
             "INTERP_BF16": interpreting() and q.dtype == torch.bfloat16,
             "FINITE": m4 is None and scale >= 0 and not softcap, "SOFTCAP": bool(softcap),
             "HAS_SINKS": sinks is not None,
-            "EVEN_D": d == _block_d(d), "PREFILL": prefill,
+            "EVEN_D": d == _block_d(d), "EVEN_DV": dv == _block_d(dv), "DV_IS_D": dv == d,
+            "PREFILL": prefill,
             "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": bn, "BLOCK_D": _block_d(d),
+            "BLOCK_DV": _block_d(dv),
             "BLOCK_TQ": triton.next_power_of_2(tq) if splits > 1 and pos is not None else 1,
             "TMA": tma, "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if warmup:
@@ -727,9 +757,9 @@ def _run(q, k, v, tables, m4, causal, scale, interleaved, cfg: Config, warmup=Fa
     compiled = _attn_kernel[grid](*args, **meta, **pdl)
     if splits > 1:
         _combine_kernel[(b * hq * tq,)](
-            acc, ml[0], ml[1], out, b * hq * tq, d, splits, INTERP_BF16=meta["INTERP_BF16"],
-            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=_block_d(d),
-            num_warps=max(1, min(4, triton.next_power_of_2(splits) * _block_d(d) // 512)), **pdl)
+            acc, ml[0], ml[1], out, b * hq * tq, dv, splits, INTERP_BF16=meta["INTERP_BF16"],
+            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=_block_d(dv),
+            num_warps=max(1, min(4, triton.next_power_of_2(splits) * _block_d(dv) // 512)), **pdl)
     return out, compiled
 
 
@@ -754,8 +784,9 @@ def launch_attention(q, k, v, cos=None, sin=None, mask=None, causal: bool = Fals
                      scale: float | None = None, interleaved: bool = False, q_pos=None,
                      softcap: float = 0.0, sinks=None,
                      config: Mapping[str, int] | None = None) -> torch.Tensor:
-    """Attention of q (B, Hq, Tq, D) over k, v (B, Hkv, Tk, D); RoPE iff cos is given.
-    Returns a new contiguous (B, Hq, Tq, D) tensor (`reference_op` semantics)."""
+    """Attention of q (B, Hq, Tq, D) over k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv); RoPE (of q
+    and k) iff cos is given. Returns a new contiguous (B, Hq, Tq, Dv) tensor (`reference_op`
+    semantics)."""
     mask, causal = _causal_for_mask(q, k, mask, causal)
     k = _rotate_k_once(q, k, cos, sin, interleaved)
     cfg, tables, m4, pos = _prepare(q, k, v, cos, sin, mask, causal, scale, interleaved, config,
@@ -780,13 +811,14 @@ def spills_attention(q, k, v, cos=None, sin=None, mask=None, causal=False, scale
     return None if res is None else res.n_spills
 
 
-def flops(q, k, *_, causal: bool = False) -> int:  # q_pos bounds: counted as all keys
-    """Matmul FLOPs: 4·B·Hq·D per visible (query, key) pair (2 for q·kᵀ, 2 for P·v)."""
+def flops(q, k, v=None, *_, causal: bool = False) -> int:  # q_pos bounds: counted as all keys
+    """Matmul FLOPs: 2·B·Hq·(D + Dv) per visible (query, key) pair (2·D for q·kᵀ, 2·Dv for
+    P·v; v None: Dv = D)."""
     b, hq, tq, d = q.shape
-    tk = k.shape[2]
+    tk, dv = k.shape[2], d if v is None else v.shape[-1]
     pairs = (sum(min(max(i + tk - tq + 1, 0), tk) for i in range(tq)) if causal
              else tq * tk)
-    return 4 * b * hq * d * pairs
+    return 2 * b * hq * (d + dv) * pairs
 
 
 # --------------------------------------------------------------------------- custom op
@@ -798,7 +830,7 @@ def flops(q, k, *_, causal: bool = False) -> int:  # q_pos bounds: counted as al
            "float scale, bool interleaved, Tensor? q_pos, float softcap, Tensor? sinks, "
            "str config) -> Tensor")
 def attention(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, softcap, sinks, config):
-    if triton_can_run(q) and q.dim() == 4 and q.shape[-1] <= MAX_D:
+    if triton_can_run(q) and q.dim() == 4 and max(q.shape[-1], v.shape[-1]) <= MAX_D:
         return launch_attention(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos,
                                 softcap, sinks, config=decode(config) or None)
     return reference_op(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos,
@@ -806,7 +838,7 @@ def attention(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, softca
 
 
 attention.register_fake(lambda q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, softcap,
-                        sinks, config: q.new_empty(q.shape))
+                        sinks, config: q.new_empty((*q.shape[:-1], v.shape[-1])))  # (B, Hq, Tq, Dv)
 
 
 # --------------------------------------------------------------------------- registry
@@ -814,16 +846,17 @@ attention.register_fake(lambda q, k, v, cos, sin, mask, causal, scale, interleav
 
 def make_inputs(dims, dtype, device, generator) -> tuple:
     """(q, k, v, cos, sin, mask, causal, scale, interleaved, q_pos, softcap, sinks): q/k/v are HF-style
-    transposed (B, T, H, D) views; `mask` adds a left-padding mask (batch row b masks its
-    first 2·b keys with -inf, so early rows of later batches are fully masked when causal);
+    transposed (B, T, H, D) views (v's head dim: `dv`, default `d`); `mask` adds a
+    left-padding mask (batch row b masks its first 2·b keys with -inf, so early rows of
+    later batches are fully masked when causal);
     `pos` gives query i of batch b the position Tk - Tq + i - 5·b (a static cache with
     dead slots at its end; the first rows of later batches see no key at all)."""
     b, hq, hkv, tq, tk, d = (dims[n] for n in ("batch", "hq", "hkv", "tq", "tk", "d"))
 
-    def rand(h, t):
-        return randn_nonzero((b, t, h, d), dtype, device, generator).transpose(1, 2)
+    def rand(h, t, width=d):
+        return randn_nonzero((b, t, h, width), dtype, device, generator).transpose(1, 2)
 
-    q, k, v = rand(hq, tq), rand(hkv, tk), rand(hkv, tk)
+    q, k, v = rand(hq, tq), rand(hkv, tk), rand(hkv, tk, dims.get("dv", d))
     inter = bool(dims.get("interleaved", 0))
     cos = sin = mask = None
     if dims.get("rope", 0):
@@ -855,9 +888,10 @@ def _unique_bytes(t: torch.Tensor | None) -> int:
 
 def bytes_moved(q, k, v, cos=None, sin=None, mask=None, causal=False, scale=None,
                 interleaved=False, q_pos=None, softcap=0.0, sinks=None) -> int:
-    """Read q, k, v, cos, sin, mask once; write out (B, Hq, Tq, D)."""
+    """Read q, k, v, cos, sin, mask once; write out (B, Hq, Tq, Dv)."""
     tables = _unique_bytes(cos) + _unique_bytes(sin)
-    return 2 * _unique_bytes(q) + _unique_bytes(k) + _unique_bytes(v) + tables + _unique_bytes(
+    out = math.prod(q.shape[:-1]) * v.shape[-1] * q.element_size()
+    return _unique_bytes(q) + out + _unique_bytes(k) + _unique_bytes(v) + tables + _unique_bytes(
         mask)
 
 
@@ -877,7 +911,7 @@ register(KernelSpec(
     name="attention", reference=reference_op, launch=launch_attention, space=SPACE,
     make_inputs=make_inputs, problem=problem, bytes_moved=bytes_moved,
     spills=spills_attention, bench_dims=_bench_dims, unfused_launches=19,
-    unfused=unfused, flops=lambda q, k, *rest: flops(q, k, causal=rest[4]), matrix_kernel=True,
+    unfused=unfused, flops=lambda q, k, v, *rest: flops(q, k, v, causal=rest[3]), matrix_kernel=True,
     test_dims=({"batch": 2, "hq": 4, "hkv": 2, "tq": 19, "tk": 19, "d": 32, "causal": 1,
                 "rope": 1, "mask": 1},
                {"batch": 1, "hq": 3, "hkv": 1, "tq": 21, "tk": 26, "d": 16, "r": 8,
@@ -886,17 +920,20 @@ register(KernelSpec(
                {"batch": 2, "hq": 4, "hkv": 2, "tq": 23, "tk": 23, "d": 32, "causal": 1, "mask": 1,
                 "softcap": 2, "gain": 4},
                {"batch": 2, "hq": 4, "hkv": 2, "tq": 20, "tk": 20, "d": 16, "causal": 1, "mask": 1,
-                "sinks": 1}),
+                "sinks": 1},
+               {"batch": 2, "hq": 4, "hkv": 2, "tq": 19, "tk": 19, "d": 24, "dv": 16, "causal": 1,
+                "rope": 1, "mask": 1}),  # MLA's v narrower than q, k (DeepSeek: 192 / 128)
 ))
 register(KernelSpec(
     name="attention_decode", reference=reference_op, launch=launch_attention, space=SPACE,
     make_inputs=make_inputs, problem=problem, bytes_moved=bytes_moved,
     spills=spills_attention, bench_dims=_bench_decode_dims, unfused_launches=9,
-    unfused=unfused, flops=lambda q, k, *rest: flops(q, k, causal=rest[4]), matrix_kernel=True,
+    unfused=unfused, flops=lambda q, k, v, *rest: flops(q, k, v, causal=rest[3]), matrix_kernel=True,
     test_dims=({"batch": 2, "hq": 4, "hkv": 2, "tq": 1, "tk": 37, "d": 32, "causal": 1},
                {"batch": 2, "hq": 4, "hkv": 2, "tq": 2, "tk": 45, "d": 32, "pos": 1},
                {"batch": 1, "hq": 3, "hkv": 1, "tq": 3, "tk": 29, "d": 16, "rope": 1,
                 "mask": 1},
                {"batch": 2, "hq": 4, "hkv": 2, "tq": 1, "tk": 41, "d": 32, "softcap": 2, "gain": 4},
-               {"batch": 2, "hq": 4, "hkv": 2, "tq": 2, "tk": 37, "d": 16, "sinks": 1, "mask": 1}),
+               {"batch": 2, "hq": 4, "hkv": 2, "tq": 2, "tk": 37, "d": 16, "sinks": 1, "mask": 1},
+               {"batch": 2, "hq": 4, "hkv": 2, "tq": 1, "tk": 37, "d": 24, "dv": 16, "causal": 1}),
 ))
