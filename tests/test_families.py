@@ -36,9 +36,19 @@ FAMILIES = {
     # GPT-J: interleaved partial RoPE on (B, T, H, D), its sin/cos repeated inside the
     # function called for q and for k (merged before matching), dynamic full slices
     "GPTJ": ("GPTJConfig", "GPTJForCausalLM", dict(_GPT, rotary_dim=8), {"rope", "linear_bias_act"}),
-    # DiffLlama: v is cat(chunk(v, 2, heads), -1).repeat(1, 2, 1, 1), twice k's head dim: its
-    # attention is no site of ours (it was found, then refused with a misleading reason)
-    "DiffLlama": ("DiffLlamaConfig", "DiffLlamaForCausalLM", _DECODER, {"rope", "linear_residual"}),
+    # DiffLlama: two attentions per layer over v's head halves, each repeated (1, 2, 1, 1)
+    # (transformers 5.x; 4.x read one v of twice k's head dim: a head dim of its own, now
+    # also a site): k and v read as repeated where one of them cannot be unrepeated
+    "DiffLlama": ("DiffLlamaConfig", "DiffLlamaForCausalLM", _DECODER,
+                  {"rope", "linear_residual", "attention"}),
+    # DeepSeek-V3's multi-head latent attention, non-absorbed: q, k (B, H, T, 16 + 8) with
+    # the rotary part last (k's a copy_ into new_empty), v (B, H, T, 12), another head dim.
+    # On the CPU SDPA takes its math form for Dv != D (the softmax written out).
+    "DeepseekV3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                   dict(_DECODER, num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=4,
+                        num_experts_per_tok=4, n_group=1, topk_group=1, kv_lora_rank=32,
+                        q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
+                        head_dim=8, first_k_dense_replace=1), {"attention", "rms_norm_linear"}),
     "GPT2": ("GPT2Config", "GPT2LMHeadModel", _GPT, {"bias_act", "add_layer_norm"}),
     "OPT": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=64, ffn_dim=96, num_hidden_layers=2,
                                                  num_attention_heads=4, vocab_size=128,

@@ -22,7 +22,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from advisor.graph.capture import fake, hint, module_path
 from advisor.graph.copies import is_full_slice, through_copies
-from advisor.graph.match import CAST_OPS, Match, aten, is_getitem, is_op, same_sizes, strip_views
+from advisor.graph.match import CAST_OPS, Match, aten, is_getitem, is_op, known, strip_views
 from advisor.kernels.masks import MASKED_BIAS
 
 SDPA_OPS = tuple(
@@ -404,9 +404,9 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
     k, ty = (kt if k_direct is not None else kt.args[0]), fake(y)
     (q, q_up), (k, k_up), (v, v_up) = (_before_upcast(x, ty) for x in (q, k, v))
     tq, tv = fake(q), fake(v)
-    if ty is None or tq is None or tv is None or not same_sizes(ty, tq) \
-            or not ty.dtype == tq.dtype == tv.dtype:
-        return None
+    if ty is None or tq is None or tv is None or not _same_heads(q, y) \
+            or not known(ty.shape[-1] == tv.shape[-1]) or not ty.dtype == tq.dtype == tv.dtype:
+        return None  # out is (B, H, Tq, Dv): q's rows, v's head dim
     own = (*q_up, *q_scale, *q_chain, *k_up, *([] if k_direct else [kt]), *k_scale, *kt_chain,
            *nodes, *v_up, *v_chain,
            *([product] if product is not mm2 else []), *down, *scores.side, *scores.constants)
@@ -650,9 +650,10 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         y = site.y
         k, k_chain = unrepeat_kv(site.k)
         v, v_chain = unrepeat_kv(site.v)
-        if not _same_shape(k, v):  # one repeated and the other not (DiffLlama's v): both as read
+        # v's head dim may differ from k's (MLA: DeepSeek-V2/V3, MiniCPM3; DiffLlama's doubled v)
+        if not _same_heads(k, v):  # one repeated and the other not (DiffLlama's v): both as read
             (k, k_chain), (v, v_chain) = (site.k, []), (site.v, [])
-        if not _same_shape(k, v):  # v's head dim is not k's: not a kernel of ours
+        if not _same_heads(k, v):
             continue
         scale = sc.scale or 1.0 / math.sqrt(int(tq.shape[-1]))
         base = (*mask_nodes, *k_chain, *v_chain, *site.nodes)
@@ -684,9 +685,11 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
     return found
 
 
-def _same_shape(a: Any, b: Any) -> bool:
-    ta, tb = fake(a), fake(b)
-    return ta is not None and tb is not None and same_sizes(ta, tb)
+def _same_heads(k: Any, v: Any) -> bool:
+    """k (B, H, T, D) and v (B, H, T, Dv) agree in all but the head dim (or q and out)."""
+    tk, tv = fake(k), fake(v)
+    return (tk is not None and tv is not None and tk.dim() == tv.dim() == 4
+            and all(known(a == b) for a, b in zip(tk.shape[:3], tv.shape[:3])))
 
 
 def _swaps(node: Any, a: int, b: int) -> bool:
