@@ -39,13 +39,13 @@ _TINY = {
     ("vocab_size",): 128,
     ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"): 256,
     # multi-head latent attention (DeepSeek-V2/V3 and their kin): per-head dims and ranks
-    ("qk_rope_head_dim",): 8, ("qk_nope_head_dim",): 8, ("v_head_dim",): 16,
+    ("qk_rope_head_dim",): 8, ("qk_nope_head_dim",): 8, ("v_head_dim",): 12,  # Dv != Dk (16)
     ("kv_lora_rank", "q_lora_rank"): 32,
     ("rotary_dim",): 8,  # GPT-J, CodeGen: within the head dim
     ("n_group", "num_expert_group", "topk_group"): 1,  # grouped routing over 4 experts
 }
 # unset (None: derived from the others) in some configs, set to the tiny value as well
-_DERIVED = {"head_dim", "n_inner", "num_key_value_heads"}
+_DERIVED = {"head_dim", "n_inner", "num_key_value_heads", "num_experts_per_tok"}
 _VOCAB = 128
 
 
