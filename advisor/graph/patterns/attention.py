@@ -639,6 +639,9 @@ def find_fusable(gm: fx.GraphModule, ropes: list[Match]) -> list[Match]:
         tq, tk = fake(site.q), fake(site.k)
         if tq is None or tk is None:
             continue
+        if site.causal and not known(tq.shape[2] == tk.shape[2]):
+            continue  # SDPA's is_causal aligns top-left (query i sees keys j <= i), the kernel's
+            # causal bottom-right (j <= i + Tk - Tq, a KV cache's): the same only when Tq == Tk
         # the static cache's causal mask: the kernel bounds each row's keys by its position
         positions = None if mask is None or sc.drop is not None else _position_mask(
             mask, tq.shape[0], tq.shape[2], tk.shape[2])
