@@ -69,12 +69,16 @@ def _tiny_config(model_type: str, dense_moe: bool = False):
         text.head_dim = text.qk_rope_head_dim  # MLA configs: the RoPE tables' width, and
         if "num_key_value_heads" in text.to_dict():  # k, v made per q head (no GQA repeat)
             text.num_key_value_heads = text.num_attention_heads
-    layers = getattr(text, "layer_types", None)
-    if isinstance(layers, list):  # per-layer kinds (sliding, full, linear...) as many as layers
-        try:
-            text.layer_types = (layers * 2)[:text.num_hidden_layers]
-        except AttributeError:  # a property derived from other fields (Mamba's)
-            pass
+    for field in ("layer_types", "block_types"):
+        kinds = getattr(text, field, None)
+        if isinstance(kinds, list) and kinds:  # per-layer kinds (linear, full, sliding...): each
+            kinds = list(dict.fromkeys(kinds))  # kind once at least (Qwen3.5's first layers are
+            n = max(text.num_hidden_layers, len(kinds))  # all linear attention)
+            try:
+                setattr(text, field, (kinds * n)[:n])
+                text.num_hidden_layers = n
+            except AttributeError:  # a property derived from other fields (Mamba's)
+                pass
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if isinstance(getattr(text, name, None), int) and getattr(text, name) >= _VOCAB:
             setattr(text, name, 0)
