@@ -162,6 +162,42 @@ def test_library_rms_norms_are_rms_norms_and_apply(functional):
     assert applied == {"rms_norm": 1, "add_rms_norm": 1}
 
 
+@pytest.mark.parametrize("spelling", ["sum/D", "sum*(1/D)", "pow-0.5"])
+def test_rms_norm_spelled_with_a_sum_or_a_power(spelling):
+    """mean(x²) written sum(x², -1, keepdim) / D (or · 1/D), rsqrt written (·) ** -0.5: the
+    same RMSNorm. A sum over a width it is not divided by, or x / rsqrt(·), is none."""
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    def ms(x):
+        if spelling == "sum/D":
+            return x.pow(2).sum(-1, keepdim=True) / 24
+        if spelling == "sum*(1/D)":
+            return (x * x).sum(-1, keepdim=True) * (1.0 / 24)
+        return x.pow(2).mean(-1, keepdim=True)
+
+    class Norms(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.rand(24) + 0.5)
+
+        def forward(self, x, r):
+            h = x + r
+            inv = (ms(h) + 1e-6) ** -0.5 if spelling == "pow-0.5" else torch.rsqrt(ms(h) + 1e-6)
+            not_a_norm = x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) / 12 + 1e-6)  # / 12
+            not_a_norm = not_a_norm / torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)  # x·√
+            return h * inv * self.w, h, not_a_norm
+
+    model, x = Norms(), (torch.randn(2, 5, 24), torch.randn(2, 5, 24))
+    fams = _families(model, x)
+    assert fams.get("add_rms_norm") == 1 and not fams.get("rms_norm"), fams  # not the other two
+    ref = model(*x)
+    fast = apply(model, Plan(("add_rms_norm",)))
+    for got, want in zip(fast(*x), ref):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert [r["applied"] for r in fast.summary() if r["family"] == "add_rms_norm"] == [1]
+
+
 def test_an_eps_add_with_alpha_is_not_an_rms_norm():
     """add.Scalar(ms, eps, alpha) adds alpha·eps: not the norm's eps. Beside a plain norm of
     the same shape it would pass on that norm's confirmation (one per site signature)."""

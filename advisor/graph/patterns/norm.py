@@ -14,6 +14,7 @@ makes it add+norm — also across layer boundaries, since the graph is the whole
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from torch import fx
@@ -45,15 +46,39 @@ def _square_of(node: Any) -> Any:
 
 def _mean_plus_eps(node: Any) -> tuple[Any, float, list[fx.Node]] | None:
     """For add(mean(x², -1, keepdim), eps): (x, eps, nodes). eps may be an add.Scalar
-    operand: `F.rms_norm` and `nn.RMSNorm` decompose to that (torch 2.13)."""
+    operand: `F.rms_norm` and `nn.RMSNorm` decompose to that (torch 2.13). The mean may be
+    written sum(x², -1, keepdim) / D or · (1/D), D the last dim's size."""
     if not is_op(node, aten.add.Tensor, aten.add.Scalar) or node.kwargs or len(node.args) != 2:
         return None  # an alpha (a kwarg of add.Tensor, positional in add.Scalar) scales eps
-    mean = next((a for a in node.args[:2] if is_op(a, aten.mean.dim)), None)
-    eps = scalar(other_arg(node, mean)) if mean is not None else None
-    if mean is None or eps is None or not is_last_dim(mean.args[1], mean.args[0]):
+    found = next(((a, m) for a in node.args[:2] if (m := _mean_of_last(a)) is not None), None)
+    eps = scalar(other_arg(node, found[0])) if found is not None else None
+    if found is None or eps is None:
         return None
-    x = _square_of(mean.args[0])
-    return (x, eps, [node, mean, mean.args[0]]) if x is not None else None
+    _, (reduced, taken) = found
+    x = _square_of(reduced)
+    return (x, eps, [node, *taken, reduced]) if x is not None else None
+
+
+def _mean_of_last(node: Any) -> tuple[Any, list[fx.Node]] | None:
+    """(what is averaged, the nodes) for mean(v, -1, keepdim=True) or sum(v, -1, keepdim=True)
+    divided by (or times 1/) the last dim's size; else None."""
+    if is_op(node, aten.mean.dim):
+        return (node.args[0], [node]) if is_last_dim(node.args[1], node.args[0]) else None
+    if not is_op(node, aten.div.Tensor, aten.div.Scalar, aten.mul.Tensor, aten.mul.Scalar) or node.kwargs:
+        return None
+    total = node.args[0] if is_op(node.args[0], aten.sum.dim_IntList) else (
+        node.args[1] if is_op(node, aten.mul.Tensor, aten.mul.Scalar) else None)
+    if not is_op(total, aten.sum.dim_IntList) or not is_last_dim(total.args[1], total.args[0]):
+        return None
+    keepdim = total.args[2] if len(total.args) > 2 else total.kwargs.get("keepdim", False)
+    t, by = fake(total.args[0]), scalar(other_arg(node, total))
+    if not keepdim or set(total.kwargs) - {"keepdim"} or t is None or t.dim() == 0 or by is None:
+        return None
+    n = t.shape[-1]
+    if not isinstance(n, int):
+        return None  # a symbolic width: no norm we fuse has one
+    per = by if is_op(node, aten.mul.Tensor, aten.mul.Scalar) else 1.0 / by
+    return (total.args[0], [node, total]) if math.isclose(per, 1.0 / n, rel_tol=1e-6) else None
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -65,13 +90,20 @@ def _same_value(a: Any, b: Any) -> bool:
 
 
 def _normalised(inv: fx.Node, xf: Any) -> fx.Node | None:
-    """The user of `inv` that multiplies (or divides, for sqrt) the same x."""
+    """The user of `inv` that multiplies (rsqrt, pow -0.5) or divides (sqrt) the same x."""
+    root = is_op(inv, aten.sqrt.default)
     for user in inv.users:
-        if is_op(user, aten.mul.Tensor) and _same_value(other_arg(user, inv), xf):
+        if not root and is_op(user, aten.mul.Tensor) and _same_value(other_arg(user, inv), xf):
             return user
-        if is_op(user, aten.div.Tensor) and user.args[1] is inv and _same_value(user.args[0], xf):
+        if root and is_op(user, aten.div.Tensor) and user.args[1] is inv and _same_value(user.args[0], xf):
             return user
     return None
+
+
+def _reciprocal_root(node: fx.Node) -> bool:
+    """rsqrt(v), pow(v, -0.5) (both multiply x) or sqrt(v) (divides it)."""
+    return is_op(node, aten.rsqrt.default, aten.sqrt.default) or (
+        is_op(node, aten.pow.Tensor_Scalar) and scalar(node.args[1]) == -0.5)
 
 
 def _centred(d: Any) -> tuple[Any, fx.Node] | None:
@@ -217,7 +249,7 @@ def find(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
     """Every RMSNorm/LayerNorm site, folded with its residual add where there is one."""
     found: list[Match] = []
     for node in gm.graph.nodes:
-        if is_op(node, aten.rsqrt.default, aten.sqrt.default):
+        if _reciprocal_root(node):
             m = _rms_at(node, params)
         elif is_op(node, aten.native_layer_norm.default):
             m = _layer_norm_at(node)
