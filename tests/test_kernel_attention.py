@@ -747,3 +747,21 @@ def test_v_head_dim_in_problem_flops_bytes_and_space():
     wide = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 1, "SPLITS": 1, "TMA": 0}
     assert attn.SPACE.keep(wide, meta(512, 512, 192, 128))
     assert not attn.SPACE.keep(wide, meta(512, 512, 192, 192))
+
+
+@pytest.mark.parametrize("dtype", ["torch.float32", "torch.bfloat16"])
+def test_every_default_fits_shared_memory_and_registers(dtype):
+    """fp32 at head dims 192-256 (MLA's 192/128 included) with a mask or RoPE on load: one
+    stage was still over shared memory and the default stopped there (a compile failure on
+    the GPU, a lost site at confirmation); it now takes fewer rows, then fewer keys."""
+    import itertools
+
+    for d, dv, mask, rotary, (tq, tk) in itertools.product(
+            (64, 128, 192, 256), (64, 128, 192, 256), (0, 1), (0, 1),
+            ((1, 37), (4, 2048), (512, 512), (512, 2048), (2048, 2048))):
+        p = {"dtype": dtype, "batch": 1, "hq": 32, "hkv": 8, "tq": tq, "tk": tk, "d": d,
+             "causal": int(tq == tk), "rope": rotary, "mask": mask, "pos": 0, **({"dv": dv} if dv != d else {})}
+        cfg = attn.SPACE.default(p)
+        assert attn._smem(cfg, p) <= attn.SMEM_MAX, (p, cfg)
+        assert cfg["BLOCK_M"] * attn._block_dv(p) <= attn.MAX_ACC_PER_THREAD * 32 * cfg["num_warps"], (p, cfg)
+        assert cfg["num_warps"] == 4 or cfg["BLOCK_M"] * cfg["BLOCK_N"] >= 2048, (p, cfg)

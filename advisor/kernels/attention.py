@@ -583,6 +583,14 @@ def _default(p: Problem) -> Config:
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": 3, "SPLITS": 1, "TMA": 0}
     while cfg["num_stages"] > 1 and _smem(cfg, p) > SMEM_LIMIT:
         cfg["num_stages"] -= 1
+    # one stage still over (fp32 at D 192-256 with a mask or RoPE on load; q's tile is
+    # BLOCK_D wide where BLOCK_M was sized by v's): fewer rows, then fewer keys per tile
+    while _smem(cfg, p) > SMEM_LIMIT and (cfg["BLOCK_M"] > 16 or cfg["BLOCK_N"] > 16):
+        key = "BLOCK_M" if cfg["BLOCK_M"] >= cfg["BLOCK_N"] and cfg["BLOCK_M"] > 16 else "BLOCK_N"
+        cfg[key] //= 2
+        if cfg["BLOCK_M"] * cfg["BLOCK_N"] < 2048:
+            cfg["num_warps"] = 4  # 8 warps on a smaller score tile leave lanes idle (_keep)
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     if (p["tq"] >= TMA_MIN_TQ and p["tk"] >= 128 and bm == 128 and _ELT.get(p["dtype"], 4) == 2
             and not p.get("mask") and not _rope_on_load(p)):
         # H100, session 17 (results/h100-s17A-attention-probe.json; causal, 32/8 heads,
