@@ -13,6 +13,7 @@ per layer, whatever the spelling, checked against eager on the interpreter's ker
   on q and on kᵀ, `_safe_softmax`, the product cast back.
 - BLOOM: q·kᵀ on (B·H, T, D) rows by `baddbmm` adding its ALiBi (B·H, 1, Tk), then the
   causal mask; GPT-NeoX-Japanese's baddbmm onto zeros.
+- x-transformers: `einsum("bhid,bhjd->bhij")` and `einsum("bhij,bhjd->bhid")`.
 """
 
 from __future__ import annotations
@@ -79,6 +80,11 @@ class _Attention(nn.Module):
 
             with sdpa_kernel(SDPBackend.MATH):
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+        elif self.spelling == "einsum":  # x-transformers: both products by einsum (5-D
+            # unsqueeze/permute chains around each bmm: graph/head_products.py)
+            att = torch.einsum("bhid,bhjd->bhij", q, k) * (c // HEADS) ** -0.5
+            att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+            y = torch.einsum("bhij,bhjd->bhid", att.softmax(dim=-1), v)
         elif self.spelling == "sdpa-prefix":  # 2 learned keys and values before the tokens'
             # (Tk = Tq + 2) under is_causal, which torch aligns top-left: query i sees keys j <= i
             k, v = (torch.cat([p.expand(b, -1, -1, -1), z], 2) for p, z in zip(self.prefix, (k, v)))
@@ -113,7 +119,8 @@ def _ids(t: int) -> torch.Tensor:
                                              ("padded", torch.float32), ("gpt-neo", torch.float32),
                                              ("gpt-neo", torch.bfloat16), ("sdpa-math", torch.float32),
                                              ("sdpa-math", torch.bfloat16), ("bloom", torch.float32),
-                                             ("bloom", torch.bfloat16), ("baddbmm-zeros", torch.float32)])
+                                             ("bloom", torch.bfloat16), ("baddbmm-zeros", torch.float32),
+                                             ("einsum", torch.float32), ("einsum", torch.bfloat16)])
 def test_hand_written_attention_is_one_kernel(spelling, dtype):
     """bf16 GPT-Neo: the mask made at emit is fp32 (fp32's min in a bf16 mask is -inf, and
     confirmation refused every site)."""

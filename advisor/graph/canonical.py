@@ -10,6 +10,7 @@ from torch import fx
 
 from advisor.graph.copies import drop_full_slices, drop_identity_copies
 from advisor.graph.cse import merge_repeated_tables
+from advisor.graph.head_products import head_products_as_matmuls
 from advisor.graph.inplace import write_inputs_in_place
 from advisor.graph.linear_forms import products_as_linears
 
@@ -20,6 +21,7 @@ class Canonical:
     identity_copies_dropped: int  # eval dropout's clones and cats of one value
     repeats_merged: int  # tables, positions, masks and views computed twice
     products_as_linears: int  # einsum's projections, now nn.Linear's mm(x, t(W))
+    head_products: int  # einsum's products over heads (attention), now matmul's form
 
 
 def canonicalize(gm: fx.GraphModule, params: Mapping[str, str]) -> Canonical:
@@ -32,4 +34,5 @@ def canonicalize(gm: fx.GraphModule, params: Mapping[str, str]) -> Canonical:
     drop_full_slices(gm)
     # before the merge: it tells a weight (what no repeat is merged into) by the GEMMs reading it
     products = products_as_linears(gm, dict(params))
-    return Canonical(in_place, copies, merge_repeated_tables(gm, params), products)
+    heads = head_products_as_matmuls(gm)
+    return Canonical(in_place, copies, merge_repeated_tables(gm, params), products, heads)

@@ -84,7 +84,7 @@ def _rows_of(a: Any) -> fx.Node | None:
     return found
 
 
-def _reshaped_reader(out: fx.Node) -> fx.Node | None:
+def reshaped_reader(out: fx.Node) -> fx.Node | None:
     """The last of the view chain `out` alone feeds that holds out's elements in row order
     (a reshape of out: einsum's view/permute/view back to (B, T, N))."""
     last, node = None, out
@@ -121,7 +121,7 @@ def products_as_linears(gm: fx.GraphModule, params: dict[str, str]) -> int:
             new = mm
             if is_op(node, aten.bmm.default):
                 new = infer_meta(graph.call_function(aten.unsqueeze.default, (mm, 0)), like=node)
-        reader = _reshaped_reader(node)
+        reader = reshaped_reader(node)
         node.replace_all_uses_with(new)
         graph.erase_node(node)
         if reader is not None:  # (B, T, N) straight from the (M, N) product
