@@ -61,6 +61,39 @@ def test_copies_that_change_something_are_kept():
     assert _dropped(written_later, x.clone()) == 0
 
 
+def test_a_reshape_round_trip_is_dropped_and_others_kept():
+    x = torch.randn(2, 5, 7)
+    assert _dropped(lambda x: x.reshape(10, 7).view(2, 5, 7) * 2, x) == 1
+    assert _dropped(lambda x: x.reshape(10, 7) * 2, x) == 0  # another shape
+    assert _dropped(lambda x: x.reshape(2, 7, 5) * 2, x) == 0  # same numel, other sizes
+    assert _dropped(lambda x: x.transpose(1, 2).reshape(2, 5, 7) * 2, x) == 0  # a transpose between
+
+
+class _InPlaceSwiGLU(torch.nn.Module):
+    """`F.silu(g, inplace=True); g.mul_(u)`: functionalised, silu and mul read and are read
+    through view(view(·, (B·T, N)), (B, T, N)) round trips."""
+
+    def __init__(self):
+        super().__init__()
+        self.g, self.u = torch.nn.Linear(32, 48, bias=False), torch.nn.Linear(32, 48, bias=False)
+        self.d = torch.nn.Linear(48, 32, bias=False)
+
+    def forward(self, x):
+        g = F.silu(self.g(x), inplace=True)
+        g.mul_(self.u(x))
+        return x + self.d(g)
+
+
+def test_swiglu_written_in_place_is_one_gemm():
+    model = _InPlaceSwiGLU().eval()
+    x = torch.randn(2, 5, 32)
+    ref = model(x)
+    fast = apply(model, Plan(("gate_up_swiglu",)))
+    torch.testing.assert_close(fast(x), ref)
+    rows = {r["family"]: r for r in fast.summary()}
+    assert rows["gate_up_swiglu"]["applied"] == 1, rows
+
+
 def test_through_copies_sees_a_cat_into_another_layout():
     def fn(x):
         r = x.transpose(1, 2) * 2  # (B, H, T, D) strides of a transposed view

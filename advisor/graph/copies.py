@@ -11,7 +11,10 @@ activation each, and stand between ops the patterns fuse:
   The cat is then a copy of the rotation, and stood between the RoPE and the attention
   that reads it, so `attention_rope` did not match.
 
-`copied_value` names both. `drop_identity_copies` removes those whose result also has its
+- Functionalised in-place ops reshape to (B·T, N) and back (`F.silu(g, inplace=True)`):
+  view(view(x, (B·T, N)), (B, T, N)) holds x's values again.
+
+`copied_value` names them. `drop_identity_copies` removes those whose result also has its
 input's layout (dtype, sizes, strides): readers cannot tell them apart. `through_copies`
 lets a pattern look through the others (a cat's result is contiguous where the rotation it
 copies is not) when the fused kernel does not care about its operand's layout.
@@ -27,6 +30,7 @@ from torch import fx
 
 from advisor.graph.capture import fake
 from advisor.graph.cse import escaping_storages, storage_bases, written_storages
+from advisor.graph.dce import eliminate_dead
 from advisor.graph.match import aten, is_op, known, same_sizes
 
 
@@ -47,10 +51,31 @@ def copied_value(node: Any) -> fx.Node | None:
     elif is_op(node, aten.cat.default) and isinstance(node.args[0], (list, tuple)):
         full = [t for t in node.args[0] if not _empty(t)]
         src = full[0] if len(full) == 1 else None
+    elif is_op(node, *_RESHAPES):
+        src = _reshaped_back(node, out)
     t = fake(src)
     if not isinstance(src, fx.Node) or t is None or t.dtype != out.dtype or not same_sizes(t, out):
         return None
     return src
+
+
+_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _reshaped_back(node: fx.Node, out: torch.Tensor) -> Any:
+    """The value a chain of reshapes ending at `node` started from where it has node's
+    sizes again (a reshape keeps row order: the same values). Functionalised in-place ops
+    leave such round trips: `F.silu(g, inplace=True); g.mul_(u)` on (B, T, N) reads
+    view(view(silu, (B·T, N)), (B, T, N)), which stood between the activation's ops."""
+    cur = node.args[0]
+    while isinstance(cur, fx.Node):
+        t = fake(cur)
+        if t is not None and same_sizes(t, out):
+            return cur
+        if not is_op(cur, *_RESHAPES):
+            return None
+        cur = cur.args[0]
+    return None
 
 
 def through_copies(node: Any) -> tuple[Any, list[fx.Node]]:
@@ -105,6 +130,7 @@ def _replace_each(gm: fx.GraphModule, source: Callable[[fx.Node], fx.Node | None
             gm.graph.erase_node(node)
             removed += 1
     if removed:
+        eliminate_dead(gm.graph)  # what only the dropped copies read (a round trip's first view)
         gm.graph.lint()
         gm.recompile()
     return removed
