@@ -30,7 +30,7 @@ from torch import fx
 
 from advisor.graph.capture import fake
 from advisor.graph.cse import escaping_storages, storage_bases, written_storages
-from advisor.graph.dce import eliminate_dead
+from advisor.graph.dce import settle
 from advisor.graph.match import aten, is_op, known, same_sizes
 
 
@@ -129,11 +129,7 @@ def _replace_each(gm: fx.GraphModule, source: Callable[[fx.Node], fx.Node | None
             node.replace_all_uses_with(src)
             gm.graph.erase_node(node)
             removed += 1
-    if removed:
-        eliminate_dead(gm.graph)  # what only the dropped copies read (a round trip's first view)
-        gm.graph.lint()
-        gm.recompile()
-    return removed
+    return settle(gm, removed)  # and what only the dropped copies read (a round trip's first view)
 
 
 def drop_identity_copies(gm: fx.GraphModule) -> int:

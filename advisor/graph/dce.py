@@ -40,3 +40,13 @@ def eliminate_dead(graph: fx.Graph) -> int:
             graph.erase_node(node)
             erased += 1
     return erased
+
+
+def settle(gm: fx.GraphModule, changed: int) -> int:
+    """After a rewriting pass that changed `changed` things (0: nothing is done): erase what
+    nobody reads any more, check the graph and regenerate its code. Returns `changed`."""
+    if changed:
+        eliminate_dead(gm.graph)
+        gm.graph.lint()
+        gm.recompile()
+    return changed

@@ -20,7 +20,7 @@ import torch
 from torch import fx
 
 from advisor.graph.capture import fake, infer_meta
-from advisor.graph.dce import eliminate_dead
+from advisor.graph.dce import settle
 from advisor.graph.linear_forms import reshaped_reader
 from advisor.graph.match import VIEW_OPS, aten, is_op, known
 
@@ -83,7 +83,7 @@ def _rows(graph: fx.Graph, src: fx.Node, swapped: bool, operand: fx.Node) -> fx.
 def head_products_as_matmuls(gm: fx.GraphModule) -> int:
     """Rewrite each bmm of einsum-made (B·H, M, K) operands of 4-D values, whose result is
     reshaped to (B, H, M, N), into matmul's form; returns how many."""
-    graph, rewritten = gm.graph, 0
+    graph, rewritten, inserted = gm.graph, 0, False
     for node in list(graph.nodes):
         if not is_op(node, aten.bmm.default):
             continue
@@ -97,13 +97,11 @@ def head_products_as_matmuls(gm: fx.GraphModule) -> int:
             a, b = (_rows(graph, src, swapped, x) for (src, swapped), x in zip(sources, node.args))
             bmm = infer_meta(graph.call_function(aten.bmm.default, (a, b)), like=node)
         if not all(known(x == y) for x, y in zip(fake(bmm).shape, fake(node).shape)):
-            continue  # (never: the operands hold what they held) left as it was
+            inserted = True  # (never: the operands hold what they held) left as it was; the
+            continue  # nodes just made are read by nobody, and erased below
         with graph.inserting_after(bmm):
             view = infer_meta(graph.call_function(aten.view.default, (bmm, reader.args[1])), like=node)
         reader.replace_all_uses_with(view)
         rewritten += 1
-    if rewritten:
-        eliminate_dead(graph)
-        graph.lint()
-        gm.recompile()
+    settle(gm, rewritten + inserted)
     return rewritten

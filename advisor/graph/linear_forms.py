@@ -24,7 +24,7 @@ import torch
 from torch import fx
 
 from advisor.graph.capture import fake, infer_meta
-from advisor.graph.dce import eliminate_dead
+from advisor.graph.dce import settle
 from advisor.graph.match import VIEW_OPS, aten, is_op, known, strip_views
 from advisor.graph.patterns.linear import linear_at
 
@@ -127,8 +127,4 @@ def products_as_linears(gm: fx.GraphModule, params: dict[str, str]) -> int:
         if reader is not None:  # (B, T, N) straight from the (M, N) product
             reader.args = (mm, *reader.args[1:])
         rewritten += 1
-    if rewritten:
-        eliminate_dead(graph)
-        graph.lint()
-        gm.recompile()
-    return rewritten
+    return settle(gm, rewritten)
