@@ -85,6 +85,11 @@ class _Attention(nn.Module):
             att = torch.einsum("bhid,bhjd->bhij", q, k) * (c // HEADS) ** -0.5
             att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
             y = torch.einsum("bhij,bhjd->bhid", att.softmax(dim=-1), v)
+        elif self.spelling == "einsum-regrouped":  # the scores reshaped with a size made
+            # after the product (2·t): the rewritten view goes where its sizes exist
+            att = torch.einsum("bhid,bhjd->bhij", q, k).reshape(b, HEADS // 2, 2 * t, t)
+            att = (att * (c // HEADS) ** -0.5).softmax(dim=-1).reshape(b, HEADS, t, t)
+            y = torch.einsum("bhij,bhjd->bhid", att, v)
         elif self.spelling == "sdpa-prefix":  # 2 learned keys and values before the tokens'
             # (Tk = Tq + 2) under is_causal, which torch aligns top-left: query i sees keys j <= i
             k, v = (torch.cat([p.expand(b, -1, -1, -1), z], 2) for p, z in zip(self.prefix, (k, v)))
@@ -152,6 +157,35 @@ def test_sdpa_is_causal_over_more_keys_than_queries_is_no_site():
         assert max_violation(fast(_ids(t)), ref, tolerance(torch.float32, model=True)) <= 0
     row = next(r for r in fast.summary() if r["family"] == "attention")
     assert row["applied"] == 0 and not row["unfused"], row
+
+
+class _OneHeadEinsum(nn.Module):
+    """One head: the P·V product's (B, 1, T, D) result is also a view of (B, T, D), so the
+    reshapes after it run on past the 4-D one (a chain the rewrite must stop in)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.qkv, self.out = nn.Embedding(64, D), nn.Linear(D, 3 * D), nn.Linear(D, D)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, 1, c).transpose(1, 2) for z in self.qkv(x).split(c, dim=2))
+        att = torch.einsum("bhid,bhjd->bhij", q, k) * c ** -0.5
+        y = torch.einsum("bhij,bhjd->bhid", att.softmax(dim=-1), v)
+        return self.out(y.transpose(1, 2).reshape(b, t, c))
+
+
+@pytest.mark.parametrize("model", ["regrouped", "one-head"])
+def test_einsum_attention_read_through_other_reshapes(model):
+    torch.manual_seed(0)
+    model = _Model("einsum-regrouped").eval() if model == "regrouped" else _OneHeadEinsum().eval()
+    refs = {t: model(_ids(t)) for t in (5, 7)}
+    fast = apply(model, Plan(("attention",)))
+    for t, ref in refs.items():
+        assert max_violation(fast(_ids(t)), ref, tolerance(torch.float32, model=True)) <= 0
+    row = next(r for r in fast.summary() if r["family"] == "attention")
+    assert row["applied"] >= 1 and not row["unfused"], row
 
 
 def test_constants_are_read_as_the_graph_holds_them():

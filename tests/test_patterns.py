@@ -198,6 +198,20 @@ def test_rms_norm_spelled_with_a_sum_or_a_power(spelling):
     assert [r["applied"] for r in fast.summary() if r["family"] == "add_rms_norm"] == [1]
 
 
+def test_a_mean_square_without_keepdim_is_no_rms_norm():
+    """x (B, 1, D) · rsqrt(mean(x², -1) + eps): the (B, 1) mean broadcasts against (1, D),
+    (B, B, D) out — not a norm of x (it was offered, and refused as a mismatch)."""
+    class Broadcast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.rand(24) + 0.5)
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1) + 1e-6) * self.w
+
+    assert not _families(Broadcast(), (torch.randn(3, 1, 24),)).get("rms_norm")
+
+
 def test_an_eps_add_with_alpha_is_not_an_rms_norm():
     """add.Scalar(ms, eps, alpha) adds alpha·eps: not the norm's eps. Beside a plain norm of
     the same shape it would pass on that norm's confirmation (one per site signature)."""

@@ -88,9 +88,9 @@ def head_products_as_matmuls(gm: fx.GraphModule) -> int:
         if not is_op(node, aten.bmm.default):
             continue
         sources = [_head_source(a) for a in node.args[:2]]
-        reader = reshaped_reader(node)
+        reader = reshaped_reader(node, dims=4)
         tr = fake(reader) if reader is not None else None
-        if any(s is None for s in sources) or tr is None or tr.dim() != 4 or not all(
+        if any(s is None for s in sources) or tr is None or not all(
                 is_op(n, *_COPIES[1:]) for n in (reader, *node.args[:2])):
             continue  # (each a reshape with its sizes as graph values)
         with graph.inserting_before(node):
@@ -99,7 +99,7 @@ def head_products_as_matmuls(gm: fx.GraphModule) -> int:
         if not all(known(x == y) for x, y in zip(fake(bmm).shape, fake(node).shape)):
             inserted = True  # (never: the operands hold what they held) left as it was; the
             continue  # nodes just made are read by nobody, and erased below
-        with graph.inserting_after(bmm):
+        with graph.inserting_before(reader):  # where its sizes are all computed
             view = infer_meta(graph.call_function(aten.view.default, (bmm, reader.args[1])), like=node)
         reader.replace_all_uses_with(view)
         rewritten += 1

@@ -84,9 +84,10 @@ def _rows_of(a: Any) -> fx.Node | None:
     return found
 
 
-def reshaped_reader(out: fx.Node) -> fx.Node | None:
+def reshaped_reader(out: fx.Node, dims: int | None = None) -> fx.Node | None:
     """The last of the view chain `out` alone feeds that holds out's elements in row order
-    (a reshape of out: einsum's view/permute/view back to (B, T, N))."""
+    (a reshape of out: einsum's view/permute/view back to (B, T, N)); with `dims`, the
+    last with that many dims (a chain may go on past it: (B, H, 1, D) then (B, 1, H·D))."""
     last, node = None, out
     while len(node.users) == 1:
         node = next(iter(node.users))
@@ -96,7 +97,7 @@ def reshaped_reader(out: fx.Node) -> fx.Node | None:
         # all of out's elements, in row order: a slice from the start passes the layout
         # test but holds fewer (next-token logits: einsum(...)[:, :-1].reshape(-1, V))
         if (is_op(node, *_RESHAPES) and t.is_contiguous() and known(t.storage_offset() == 0)
-                and known(t.numel() == fake(out).numel())):
+                and known(t.numel() == fake(out).numel()) and dims in (None, t.dim())):
             last = node
     return last
 

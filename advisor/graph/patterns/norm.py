@@ -63,7 +63,8 @@ def _mean_of_last(node: Any) -> tuple[Any, list[fx.Node]] | None:
     """(what is averaged, the nodes) for mean(v, -1, keepdim=True) or sum(v, -1, keepdim=True)
     divided by (or times 1/) the last dim's size; else None."""
     if is_op(node, aten.mean.dim):
-        return (node.args[0], [node]) if is_last_dim(node.args[1], node.args[0]) else None
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        return (node.args[0], [node]) if keepdim and is_last_dim(node.args[1], node.args[0]) else None
     if not is_op(node, aten.div.Tensor, aten.div.Scalar, aten.mul.Tensor, aten.mul.Scalar) or node.kwargs:
         return None
     total = node.args[0] if is_op(node.args[0], aten.sum.dim_IntList) else (
