@@ -31,7 +31,7 @@ from torch import fx
 from advisor.graph.capture import fake
 from advisor.graph.cse import escaping_storages, storage_bases, written_storages
 from advisor.graph.dce import settle
-from advisor.graph.match import aten, is_op, known, same_sizes
+from advisor.graph.match import RESHAPE_OPS, aten, is_op, known, same_sizes
 
 
 def _empty(node: Any) -> bool:
@@ -51,15 +51,12 @@ def copied_value(node: Any) -> fx.Node | None:
     elif is_op(node, aten.cat.default) and isinstance(node.args[0], (list, tuple)):
         full = [t for t in node.args[0] if not _empty(t)]
         src = full[0] if len(full) == 1 else None
-    elif is_op(node, *_RESHAPES):
+    elif is_op(node, *RESHAPE_OPS):
         src = _reshaped_back(node, out)
     t = fake(src)
     if not isinstance(src, fx.Node) or t is None or t.dtype != out.dtype or not same_sizes(t, out):
         return None
     return src
-
-
-_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
 def _reshaped_back(node: fx.Node, out: torch.Tensor) -> Any:
@@ -72,7 +69,7 @@ def _reshaped_back(node: fx.Node, out: torch.Tensor) -> Any:
         t = fake(cur)
         if t is not None and same_sizes(t, out):
             return cur
-        if not is_op(cur, *_RESHAPES):
+        if not is_op(cur, *RESHAPE_OPS):
             return None
         cur = cur.args[0]
     return None

@@ -22,9 +22,9 @@ from torch import fx
 from advisor.graph.capture import fake, infer_meta
 from advisor.graph.dce import settle
 from advisor.graph.linear_forms import reshaped_reader
-from advisor.graph.match import VIEW_OPS, aten, is_op, known
+from advisor.graph.match import RESHAPE_OPS, VIEW_OPS, aten, is_op, known
 
-_COPIES = (aten.clone.default, aten._unsafe_view.default, aten.view.default, aten.reshape.default)
+_COPIES = (aten.clone.default, *RESHAPE_OPS)
 
 
 def _copied_view(x: fx.Node) -> fx.Node | None:
@@ -91,7 +91,7 @@ def head_products_as_matmuls(gm: fx.GraphModule) -> int:
         reader = reshaped_reader(node, dims=4)
         tr = fake(reader) if reader is not None else None
         if any(s is None for s in sources) or tr is None or not all(
-                is_op(n, *_COPIES[1:]) for n in (reader, *node.args[:2])):
+                is_op(n, *RESHAPE_OPS) for n in (reader, *node.args[:2])):
             continue  # (each a reshape with its sizes as graph values)
         with graph.inserting_before(node):
             a, b = (_rows(graph, src, swapped, x) for (src, swapped), x in zip(sources, node.args))

@@ -25,11 +25,8 @@ from torch import fx
 
 from advisor.graph.capture import fake, infer_meta
 from advisor.graph.dce import settle
-from advisor.graph.match import VIEW_OPS, aten, is_op, known, strip_views
+from advisor.graph.match import RESHAPE_OPS, VIEW_OPS, aten, is_op, known, strip_views
 from advisor.graph.patterns.linear import linear_at
-
-# views that keep every element where a reshape of x's rows would put it, when the strides agree
-_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
 def _holds(view: torch.Tensor, sizes: tuple, strides: tuple, offset: Any) -> bool:
@@ -96,7 +93,7 @@ def reshaped_reader(out: fx.Node, dims: int | None = None) -> fx.Node | None:
             break
         # all of out's elements, in row order: a slice from the start passes the layout
         # test but holds fewer (next-token logits: einsum(...)[:, :-1].reshape(-1, V))
-        if (is_op(node, *_RESHAPES) and t.is_contiguous() and known(t.storage_offset() == 0)
+        if (is_op(node, *RESHAPE_OPS) and t.is_contiguous() and known(t.storage_offset() == 0)
                 and known(t.numel() == fake(out).numel()) and dims in (None, t.dim())):
             last = node
     return last

@@ -29,6 +29,8 @@ VIEW_OPS = {
     aten.as_strided.default, aten.unbind.int,
 }
 CAST_OPS = {aten._to_copy.default}
+# Reshapes: a new shape in row order (a copy where the strides need one), the same values.
+RESHAPE_OPS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 GETITEM = "getitem"
 
 
@@ -52,6 +54,11 @@ def launches(node: fx.Node) -> int:
 def known(cond: Any) -> bool:
     """True only when `cond` holds for every size the graph may run at (no guard added)."""
     return bool(statically_known_true(cond))
+
+
+def keepdim(reduction: fx.Node) -> bool:
+    """A reduction node's keepdim argument (mean.dim / sum.dim_IntList: third or keyword)."""
+    return bool(reduction.args[2] if len(reduction.args) > 2 else reduction.kwargs.get("keepdim", False))
 
 
 def same_sizes(a: torch.Tensor, b: torch.Tensor) -> bool:

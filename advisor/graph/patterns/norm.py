@@ -28,6 +28,7 @@ from advisor.graph.match import (
     is_getitem,
     is_last_dim,
     is_op,
+    keepdim,
     other_arg,
     scalar,
     sole_user,
@@ -63,17 +64,15 @@ def _mean_of_last(node: Any) -> tuple[Any, list[fx.Node]] | None:
     """(what is averaged, the nodes) for mean(v, -1, keepdim=True) or sum(v, -1, keepdim=True)
     divided by (or times 1/) the last dim's size; else None."""
     if is_op(node, aten.mean.dim):
-        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
-        return (node.args[0], [node]) if keepdim and is_last_dim(node.args[1], node.args[0]) else None
+        return (node.args[0], [node]) if keepdim(node) and is_last_dim(node.args[1], node.args[0]) else None
     if not is_op(node, aten.div.Tensor, aten.div.Scalar, aten.mul.Tensor, aten.mul.Scalar) or node.kwargs:
         return None
     total = node.args[0] if is_op(node.args[0], aten.sum.dim_IntList) else (
         node.args[1] if is_op(node, aten.mul.Tensor, aten.mul.Scalar) else None)
     if not is_op(total, aten.sum.dim_IntList) or not is_last_dim(total.args[1], total.args[0]):
         return None
-    keepdim = total.args[2] if len(total.args) > 2 else total.kwargs.get("keepdim", False)
     t, by = fake(total.args[0]), scalar(other_arg(node, total))
-    if not keepdim or set(total.kwargs) - {"keepdim"} or t is None or t.dim() == 0 or by is None:
+    if not keepdim(total) or set(total.kwargs) - {"keepdim"} or t is None or t.dim() == 0 or by is None:
         return None
     n = t.shape[-1]
     if not isinstance(n, int):
@@ -114,8 +113,7 @@ def _centred(d: Any) -> tuple[Any, fx.Node] | None:
     xc, mean = strip_casts(d).args[:2]
     if not is_op(mean, aten.mean.dim) or strip_casts(mean.args[0]) is not strip_casts(xc):
         return None
-    keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
-    return (xc, mean) if keepdim and is_last_dim(mean.args[1], mean.args[0]) else None
+    return (xc, mean) if keepdim(mean) and is_last_dim(mean.args[1], mean.args[0]) else None
 
 
 def _param_vector(node: Any, n: int, params: dict[str, str]) -> tuple[Any, list[fx.Node]]:
