@@ -492,6 +492,14 @@ def test_long_prefill_default_takes_tma_128_wide_key_tiles():
                   p(attn.TMA_MIN_TQ, attn.TMA_MIN_TQ, mask=torch.empty(1, 1, 1, 1, device="meta"))):
         d = attn.SPACE.default(other)
         assert d["TMA"] == 0 and attn.SPACE.keep(d, other)
+    # head dim 192 (MLA): one 128x128 TMA stage fits, two do not; 128x64 pointer tiles at
+    # 2 stages instead (faster on the H100, session 31)
+    mla = attn.problem(torch.empty(1, 16, 2048, 192, device="meta", dtype=torch.bfloat16),
+                       torch.empty(1, 16, 2048, 192, device="meta", dtype=torch.bfloat16),
+                       torch.empty(1, 16, 2048, 128, device="meta", dtype=torch.bfloat16), causal=True)
+    cfg = attn.SPACE.default(mla)
+    assert (cfg["TMA"], cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"]) == (0, 128, 64, 2)
+    assert attn.SPACE.keep(cfg, mla)
 
 
 def test_a_tma_config_without_descriptors_reads_64_key_tiles(monkeypatch):

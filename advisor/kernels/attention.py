@@ -597,9 +597,15 @@ def _default(p: Problem) -> Config:
         # d 128, bf16, µs at 2048 / 8192): k, v by TMA in 128x128 tiles, 8 warps, 3
         # stages: 85.6 / 1071.5 against 87.0 / 1129.0 for 128x64 by pointers (SDPA 85.1 /
         # 1006.3); 2 stages 93.9 / 1192.7. The 224 KB of 3 stages fit (SMEM_MAX).
-        cfg.update(BLOCK_N=128, TMA=1, num_stages=3)
-        while cfg["num_stages"] > 1 and _smem(cfg, p) > SMEM_MAX:
-            cfg["num_stages"] -= 1
+        tma = {**cfg, "BLOCK_N": 128, "TMA": 1, "num_stages": 3}
+        while tma["num_stages"] > 2 and _smem(tma, p) > SMEM_MAX:
+            tma["num_stages"] -= 1
+        # Only where two stages fit: at D 192 (multi-head latent attention) one 128x128
+        # stage lost to 128x64 by pointers, 2 stages (H100, session 31, results/
+        # h100-s31A-mla-attention-check.json; 16 heads, Dv 128, causal 2048, µs): 83.4 vs
+        # 70.3 (SDPA 65.0; 64x64 s3 77.3, 128x128 TMA s2 over the limit).
+        if _smem(tma, p) <= SMEM_MAX:
+            cfg = tma
     if p["tq"] <= DECODE_MAX_TQ:  # split the keys until ~2 programs per SM
         programs = p["batch"] * p["hkv"] * triton.cdiv(_rows(p), bm)
         blocks = triton.cdiv(p["tk"], bn)
