@@ -43,6 +43,17 @@ def pytest_runtestloop(session):
     return _in_own_stack_chunk(run_tests, session)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """Each test's own call in a stack chunk of its own too: under pytest-xdist (CI's
+    `-n 2`) its workers' loop runs the tests, not `pytest_runtestloop` above."""
+    if not (hasattr(pyfuncitem.config, "workerinput") and callable(pyfuncitem.obj)):
+        return None  # one process: the loop above already did it
+    args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    _in_own_stack_chunk(lambda: pyfuncitem.obj(**args))
+    return True
+
+
 @pytest.fixture(scope="session")
 def decode_steps():
     """One decode step (context 12, batch 2) of each example model, eager and then with
