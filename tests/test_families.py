@@ -49,7 +49,8 @@ FAMILIES = {
                         num_experts_per_tok=4, n_group=1, topk_group=1, kv_lora_rank=32,
                         q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
                         head_dim=8, first_k_dense_replace=1), {"attention", "rms_norm_linear"}),
-    "GPT2": ("GPT2Config", "GPT2LMHeadModel", _GPT, {"bias_act", "add_layer_norm"}),
+    # GPT-2's Conv1D: addmm(b, x, W) over W stored (K, N), read through t(W) (linear_forms.py)
+    "GPT2": ("GPT2Config", "GPT2LMHeadModel", _GPT, {"linear_bias_act", "add_layer_norm", "attention"}),
     "OPT": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=64, ffn_dim=96, num_hidden_layers=2,
                                                  num_attention_heads=4, vocab_size=128,
                                                  max_position_embeddings=256, word_embed_proj_dim=64),

@@ -326,6 +326,19 @@ def test_gemv_strided_x():
     assert not out.isnan().any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_weight_stored_k_by_n(dtype):
+    """W stored (K, N) (GPT-2's Conv1D), read as t(W): strides (1, N), odd sizes, bias and
+    GELU in the epilogue, one row and a few (split-K too)."""
+    w_kn = _rand((45, 37), dtype, 1, 0.25)  # (K, N)
+    w, b = w_kn.t(), _rand((37,), dtype, 2)  # (N, K), strides (1, 37)
+    for m in (1, 3):
+        x = _rand((m, 45), dtype, 3)
+        for cfg in (_gemv(m, 45, 37, dtype), _split(_gemv(m, 45, 37, dtype), 2)):
+            assert_close(gemm.launch_gemm_epilogue(x, w, b, None, "gelu_tanh", cfg),
+                         gemm.reference(x, w, b, None, "gelu_tanh"))
+
+
 @pytest.mark.parametrize("name", ["gemm_epilogue", "gemm_swiglu", "gemm_rmsnorm"])
 def test_registry_entry(name):
     spec = get(name)

@@ -1,6 +1,7 @@
 """Products with a weight spelled as einsum (graph/linear_forms.py) become nn.Linear's
-mm(view(x), t(W)), which the linear patterns match; products that are not x's rows times a
-weight's transpose are left as they are, and every graph still computes what it did."""
+mm(view(x), t(W)), which the linear patterns match, and so do products by a weight stored
+(K, N) (`x @ W`, GPT-2's Conv1D), read through t(W); products that are not x's rows times a
+weight are left as they are, and every graph still computes what it did."""
 
 from __future__ import annotations
 
@@ -10,20 +11,24 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from advisor.graph.linear_forms import products_as_linears
-from advisor.graph.patterns.linear import find_linears
+from advisor.graph.patterns.linear import find_linears, linear_at
 from advisor.runtime.apply import apply
 from advisor.runtime.plan import Plan
 
 aten = torch.ops.aten
 
 
-def _rewritten(fn, x, w) -> tuple[int, int]:
+def _rewritten(fn, x, w, transposed_view: bool = False) -> tuple[int, int]:
     """(products rewritten, linears found after) in fn(x, w)'s graph, w a weight; the graph
-    still computes fn."""
+    still computes fn. `transposed_view`: count the linears reading t(W) of a W stored
+    (K, N) instead (which `find_linears`, for merges, leaves out)."""
     gm = make_fx(fn, tracing_mode="fake")(x, w)
     params = {[n for n in gm.graph.nodes if n.op == "placeholder"][1].name: "w"}
     n = products_as_linears(gm, params)
     torch.testing.assert_close(gm(x, w), fn(x, w))
+    if transposed_view:
+        return n, sum(1 for node in gm.graph.nodes
+                      if (lin := linear_at(node, params)) is not None and lin.transposed_view)
     return n, len(find_linears(gm, params))
 
 
@@ -48,10 +53,19 @@ def test_nn_linears_form_is_left_alone():
     assert _rewritten(lambda x, w: x @ w.T, X, W) == (0, 1)
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x, w: torch.einsum("btk,kn->btn", x, w),
+    lambda x, w: x @ w,
+    lambda x, w: torch.matmul(x.reshape(-1, 8), w),
+    lambda x, w: x.reshape(-1, 8).mm(w) * 2.0,
+])
+def test_products_by_a_weight_stored_k_by_n_read_it_through_its_transpose(fn):
+    assert _rewritten(fn, X, W.T.contiguous(), transposed_view=True) == (1, 1)
+
+
 @pytest.mark.parametrize("fn, w", [
-    (lambda x, w: torch.einsum("btk,kn->btn", x, w), W.T.contiguous()),  # W stored (K, N)
-    (lambda x, w: x @ w, W.T.contiguous()),
     (lambda x, w: torch.einsum("btk,nk->btn", x, w[:3]), W),  # a slice of the weight
+    (lambda x, w: x @ w[:, :3], W.T.contiguous()),  # columns of a (K, N) weight
     (lambda x, w: torch.einsum("btk,nk->btn", x, w[:, :4].expand(6, 4).repeat(1, 2)), W),  # a copy
 ])
 def test_other_products_with_a_parameter_are_left_as_they_are(fn, w):
@@ -107,3 +121,37 @@ def test_einsum_projections_fuse_in_a_model():
     torch.testing.assert_close(fast(x), ref, rtol=1e-4, atol=1e-4)
     applied = {r["family"]: r["applied"] for r in fast.summary() if r["family"] != "(all)"}
     assert applied == {"rms_norm_swiglu": 1, "linear_residual": 1}, applied
+
+
+def _conv1d(x, w, b):
+    """GPT-2's Conv1D: w stored (K, N), addmm(b, x's rows, w), viewed back."""
+    return torch.addmm(b, x.view(-1, x.size(-1)), w).view(*x.shape[:-1], w.size(-1))
+
+
+class _Conv1DBlock(torch.nn.Module):
+    """A GPT-2-style MLP over Conv1D weights, and two Conv1Ds of one input (no merge: a
+    merged (ΣN, K) buffer cannot hold (K, N) parameters)."""
+
+    def __init__(self, d=16, f=40):
+        super().__init__()
+        torch.manual_seed(0)
+        self.w_fc, self.b_fc = torch.nn.Parameter(torch.randn(d, f) / 4), torch.nn.Parameter(torch.randn(f) / 4)
+        self.w_proj, self.b_proj = torch.nn.Parameter(torch.randn(f, d) / 6), torch.nn.Parameter(torch.randn(d) / 4)
+        self.w_a, self.b_a = torch.nn.Parameter(torch.randn(d, d) / 4), torch.nn.Parameter(torch.randn(d) / 4)
+        self.w_b, self.b_b = torch.nn.Parameter(torch.randn(d, d) / 4), torch.nn.Parameter(torch.randn(d) / 4)
+
+    def forward(self, x):
+        h = x + _conv1d(F.gelu(_conv1d(x, self.w_fc, self.b_fc), approximate="tanh"), self.w_proj, self.b_proj)
+        return h + _conv1d(h, self.w_a, self.b_a) * _conv1d(h, self.w_b, self.b_b)
+
+
+def test_conv1d_projections_take_their_epilogues_and_are_never_merged():
+    model = _Conv1DBlock().eval()
+    x = torch.randn(2, 7, 16)
+    ref = model(x)
+    fast = apply(model, Plan(("linear_bias_act", "linear_residual", "linear_merge")))
+    torch.testing.assert_close(fast(x), ref, rtol=1e-4, atol=1e-4)
+    rows = [r for r in fast.summary() if r["family"] != "(all)"]
+    applied = {r["family"]: r["applied"] for r in rows if r.get("applied")}
+    assert applied == {"linear_bias_act": 1, "linear_residual": 1}, rows
+    assert not [r for r in rows if r.get("unfused")], rows

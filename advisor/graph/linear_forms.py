@@ -9,10 +9,15 @@ away (28 launches per forward of a tiny 2-layer model where `x @ W.T` gives 15).
 
 What is rewritten is decided by what the operands hold, read off their fake tensors' sizes,
 strides and offsets, never by the op that made them: the weight operand must hold Wᵀ (each
-(k, n) at W's (n, k)), the activation operand x's rows flattened to (M, K). A product
-whose weight operand holds W itself (W stored (K, N): `x @ W`) is left as it is: our GEMMs
-read an (N, K) weight, and laying the parameter out anew would change its strides, which
-dynamo guards (a recompile).
+(k, n) at W's (n, k)), the activation operand x's rows flattened to (M, K).
+
+A product whose weight operand holds a parameter W stored (K, N) as it is (`x @ W`;
+GPT-2's `Conv1D`, `addmm(b, x, W)`) becomes `mm(view(x, [-1, K]), t(t(W)))`: the inner
+`t(W)` is the (N, K) weight our GEMMs read, a view with strides (1, N) (they take any
+strides). The parameter itself is not laid out anew: that would change its strides,
+which dynamo guards (a recompile). `patterns/linear.py` reads such a weight as
+`Linear.transposed_view` and keeps it out of the kernels that read several weights as one
+buffer (merges, norm prologues, SwiGLU GEMMs: they need adjacent (N, K) rows).
 """
 
 from __future__ import annotations
@@ -50,6 +55,19 @@ def _weight_transposed(b: Any, params: dict[str, str]) -> fx.Node | None:
     else:
         sizes, strides = (tw.shape[1], tw.shape[0]), (tw.stride(1), tw.stride(0))
     return w if _holds(tb, sizes, strides, tw.storage_offset()) else None
+
+
+def _weight_as_stored(b: Any, params: dict[str, str]) -> fx.Node | None:
+    """The 2-D parameter W that `b` ((K, N), or (1, K, N)) is, as stored, through views."""
+    w = strip_views(b)
+    tb, tw = fake(b), fake(w)
+    if not isinstance(w, fx.Node) or w.name not in params or tb is None or tw is None or tw.dim() != 2:
+        return None
+    lead = () if tb.dim() == 2 else (1,)
+    if tb.dim() == 3 and not known(tb.shape[0] == 1):
+        return None
+    as_stored = _holds(tb, (*lead, *tw.shape), (*(0,) * len(lead), *tw.stride()), tw.storage_offset())
+    return w if as_stored else None
 
 
 def _flattens(ta: torch.Tensor, x: Any) -> bool:
@@ -100,22 +118,32 @@ def reshaped_reader(out: fx.Node, dims: int | None = None) -> fx.Node | None:
 
 
 def products_as_linears(gm: fx.GraphModule, params: dict[str, str]) -> int:
-    """Rewrite each mm/bmm of x's rows by a weight's transpose, spelled otherwise, as
-    `mm(view(x, [-1, K]), t(W))`; returns how many."""
+    """Rewrite each mm/bmm of x's rows by a weight's transpose, spelled otherwise, and each
+    mm/bmm/addmm by a weight stored (K, N), as `mm(view(x, [-1, K]), t(W))` (addmm keeps
+    its bias; W: the (N, K) weight or a transposed view of the stored one); returns how many."""
     graph, rewritten = gm.graph, 0
     for node in list(graph.nodes):
-        if not is_op(node, aten.mm.default, aten.bmm.default) or linear_at(node, params) is not None:
+        if not is_op(node, aten.mm.default, aten.bmm.default, aten.addmm.default) \
+                or linear_at(node, params) is not None:
             continue
-        a, b = node.args
-        w, x = _weight_transposed(b, params), _rows_of(a)
+        bias = node.args[0] if is_op(node, aten.addmm.default) else None
+        if bias is not None and (node.kwargs or not isinstance(bias, fx.Node) or bias.name not in params):
+            continue  # alpha/beta, or a bias that is no parameter: not a linear
+        a, b = node.args[-2:]
+        w, stored, x = _weight_transposed(b, params), None, _rows_of(a)
+        if w is None:
+            stored = w = _weight_as_stored(b, params)  # (K, N): read through t(W)
         out = fake(node)
         if w is None or x is None or out is None or not out.is_contiguous():
             continue
-        k = int(fake(w).shape[1])
         with graph.inserting_before(node):
+            if stored is not None:  # the (N, K) weight: a view, strides (1, N)
+                w = infer_meta(graph.call_function(aten.t.default, (stored,)), like=node)
+            k = int(fake(w).shape[1])
             x2d = infer_meta(graph.call_function(aten.view.default, (x, [-1, k])), like=node)
             wt = infer_meta(graph.call_function(aten.t.default, (w,)), like=node)
-            mm = infer_meta(graph.call_function(aten.mm.default, (x2d, wt)), like=node)
+            mm = infer_meta(graph.call_function(aten.mm.default, (x2d, wt)) if bias is None
+                            else graph.call_function(aten.addmm.default, (bias, x2d, wt)), like=node)
             new = mm
             if is_op(node, aten.bmm.default):
                 new = infer_meta(graph.call_function(aten.unsqueeze.default, (mm, 0)), like=node)

@@ -32,8 +32,11 @@ class Linear:
     node: fx.Node
     x: fx.Node          # the activation as produced upstream (e.g. the norm output)
     x2d: fx.Node        # the (M, K) view the mm reads
-    weight: fx.Node     # (N, K) parameter placeholder
+    weight: fx.Node     # (N, K) parameter placeholder, or t(W) of a W stored (K, N)
     bias: Any           # (N,) parameter placeholder or None
+    # the weight is t(W) of a parameter stored (K, N) (GPT-2's Conv1D, so rewritten by
+    # graph/linear_forms.py): strides (1, N), never a row slice of a merged (ΣN, K) buffer
+    transposed_view: bool = False
 
 
 def linear_at(node: fx.Node, params: dict[str, str]) -> Linear | None:
@@ -48,15 +51,29 @@ def linear_at(node: fx.Node, params: dict[str, str]) -> Linear | None:
     if is_op(wt, aten.permute.default) and list(wt.args[1]) != [1, 0]:
         return None
     w = wt.args[0]
+    if _transposed(w) and w.args[0].name in params:  # t(t(W)): W stored (K, N)
+        return Linear(node, strip_views(x2d), x2d, w, bias, True) if _bias_ok(bias, params) else None
     if not isinstance(w, fx.Node) or w.name not in params:
         return None
-    if bias is not None and not (isinstance(bias, fx.Node) and bias.name in params):
+    if not _bias_ok(bias, params):
         return None
     return Linear(node, strip_views(x2d), x2d, w, bias)
 
 
+def _transposed(n: Any) -> bool:
+    """n is t(P) or permute(P, [1, 0]) of a 2-D node P."""
+    return (is_op(n, aten.t.default) or is_op(n, aten.permute.default) and list(n.args[1]) == [1, 0]) \
+        and isinstance(n.args[0], fx.Node)
+
+
+def _bias_ok(bias: Any, params: dict[str, str]) -> bool:
+    return bias is None or (isinstance(bias, fx.Node) and bias.name in params)
+
+
 def find_linears(gm: fx.GraphModule, params: dict[str, str]) -> list[Linear]:
-    return [lin for n in gm.graph.nodes if (lin := linear_at(n, params)) is not None]
+    """Every linear whose weight a merged (ΣN, K) buffer can hold (no transposed view)."""
+    return [lin for n in gm.graph.nodes
+            if (lin := linear_at(n, params)) is not None and not lin.transposed_view]
 
 
 def _role(group: list[Linear], gated_inputs: set[fx.Node]) -> str:
@@ -127,6 +144,8 @@ def find_swiglu_projections(gated: list[Match], params: dict[str, str]) -> list[
         g, u = (_linear_of(m.operands[k], params, inside) for k in ("gate", "up"))
         if g is None or u is None or g[0].x is not u[0].x or g[0].node is u[0].node:
             continue  # silu(g)·g is one projection, not two to merge
+        if g[0].transposed_view or u[0].transposed_view:
+            continue  # one (2N, K) buffer of both weights: rows of (N, K) parameters
         tg, tu = fake(g[0].weight), fake(u[0].weight)
         if tg is None or tu is None or tg.shape != tu.shape or tg.dtype != tu.dtype:
             continue
