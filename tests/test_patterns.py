@@ -198,6 +198,53 @@ def test_rms_norm_spelled_with_a_sum_or_a_power(spelling):
     assert [r["applied"] for r in fast.summary() if r["family"] == "add_rms_norm"] == [1]
 
 
+@pytest.mark.parametrize("spelling", ["F.normalize*scale*g", "g*F.normalize*scale", "x/norm.clamp",
+                                      "no-weight", "bf16-upcast"])
+def test_l2_normalised_times_root_width_is_an_rms_norm(spelling):
+    """F.normalize(x, dim=-1) · √D [· g] (x-transformers' RMSNorm; the product by √D and
+    the weight in either order, or x / x.norm(dim=-1, keepdim=True).clamp(min=ε)) is the
+    RMSNorm with eps ε²/D; · √D / 2, another ord or no keepdim are none. A zero row stays
+    zero, as F.normalize leaves it."""
+    from advisor.runtime.apply import apply
+    from advisor.runtime.plan import Plan
+
+    class Norms(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.g, self.scale = torch.nn.Parameter(torch.rand(24) + 0.5), 24 ** 0.5
+
+        def forward(self, x, r):
+            h = x + r
+            if spelling == "F.normalize*scale*g":
+                y = F.normalize(h, dim=-1) * self.scale * self.g
+            elif spelling == "g*F.normalize*scale":
+                y = self.g * F.normalize(h, dim=-1, eps=1e-6) * self.scale
+            elif spelling == "x/norm.clamp":
+                y = h / h.norm(dim=-1, keepdim=True).clamp(min=1e-8) * self.scale * self.g
+            elif spelling == "no-weight":
+                y = F.normalize(h, dim=-1) * self.scale
+            else:
+                y = (F.normalize(h.float(), dim=-1) * self.scale * self.g.float()).to(h.dtype)
+            not_norms = (F.normalize(x, dim=-1) * (self.scale / 2) * self.g,
+                         x / x.norm(p=1, dim=-1, keepdim=True) * self.scale,
+                         x / torch.linalg.vector_norm(x, dim=-1).clamp(min=1e-6)[..., None] * self.scale)
+            return y, h, *not_norms
+
+    dtype = torch.bfloat16 if spelling == "bf16-upcast" else torch.float32
+    model = Norms().to(dtype)
+    x = (torch.randn(2, 5, 24, dtype=dtype), torch.randn(2, 5, 24, dtype=dtype))
+    x[0][0, 1], x[1][0, 1] = 1.0, -1.0  # h's row (0, 1) is zero
+    fams = _families(model, x)
+    assert fams.get("add_rms_norm") == 1 and not fams.get("rms_norm"), fams  # not the three others
+    ref = model(*x)
+    fast = apply(model, Plan(("add_rms_norm",)))
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    for got, want in zip(fast(*x), ref):
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    assert [r["applied"] for r in fast.summary() if r["family"] == "add_rms_norm"] == [1]
+    assert not fast(*x)[0][0, 1].any()
+
+
 def test_a_mean_square_without_keepdim_is_no_rms_norm():
     """x (B, 1, D) · rsqrt(mean(x², -1) + eps): the (B, 1) mean broadcasts against (1, D),
     (B, B, D) out — not a norm of x (it was offered, and refused as a mismatch)."""

@@ -4,7 +4,10 @@ RMSNorm is matched by what it computes, through casts and these spellings:
   x·rsqrt(mean(x², -1) + eps)         (x² as pow(x, 2) or x·x)
   x / sqrt(mean(x², -1) + eps)
 then an optional weight: w·n (Llama) or (1 + w)·n (Gemma), the weight possibly cast
-(`w.float()`), and a cast of the result back to x's dtype. LayerNorm is aten's
+(`w.float()`), and a cast of the result back to x's dtype. Also the L2-normalised form
+  F.normalize(x, dim=-1) · √D [· w]   (x / max(‖x‖₂, ε), x-transformers' RMSNorm)
+which is x / max(rms(x), ε/√D): RMSNorm with eps = ε²/D (x / √(rms² + ε²/D)); the two differ
+only where ‖x‖ is within a few ε of zero (a zero row is 0 in both). LayerNorm is aten's
 `native_layer_norm` (what F.layer_norm lowers to) or the same spelled out: the RMSNorm
 form above of d = x - mean(x, -1) (Cohere, hand-written models; d may be computed twice,
 once for the variance and once to normalise), then w·n and an optional + b. A residual
@@ -171,16 +174,70 @@ def _rms_at(inv: fx.Node, params: dict[str, str]) -> Match | None:
     x = strip_casts(xf)
     casts = [n for n in (xf, normed.args[0]) if is_op(n, *CAST_OPS)]
     y, weight, offset, tail = _weight(normed, int(t.shape[-1]), params)
+    return _rms_match(inv, x, [*casts, *core, inv, normed, *tail], y, weight, offset, eps)
+
+
+def _rms_match(anchor: fx.Node, x: Any, nodes: list[fx.Node], y: fx.Node, weight: Any,
+               offset: float, eps: float) -> Match:
+    """The RMSNorm site of x whose result (after its weight, if any) is y, with the cast of
+    y back to x's dtype when there is one."""
     y, back = cast_back(y, x)
-    nodes = tuple(dict.fromkeys([*casts, *core, inv, normed, *tail, *back]))
+    nodes = tuple(dict.fromkeys([*nodes, *back]))
     operands = {"x": x, "weight": weight, "eps": eps, "weight_offset": offset}
     ty, tx = fake(y), fake(x)
     if weight is None and (ty is None or tx is None or ty.dtype != tx.dtype):
         # no weight multiply after it (none at all — `F.rms_norm(x, (D,))`, NanoChat — or one
         # behind a reshape: Bamba's grouped norm) and a result in another dtype than x: the
         # kernel writes x's dtype, so analysis only, a family of its own
-        return Match("rms_norm_no_weight", None, module_path(inv), nodes, operands, {"y": y})
-    return Match("rms_norm", "rms_norm", module_path(inv), nodes, operands, {"y": y})
+        return Match("rms_norm_no_weight", None, module_path(anchor), nodes, operands, {"y": y})
+    return Match("rms_norm", "rms_norm", module_path(anchor), nodes, operands, {"y": y})
+
+
+def _by_root_width(node: fx.Node, n: int) -> fx.Node | None:
+    """The sole user of `node` that multiplies it by √n (a number), else None."""
+    mul = sole_user(node, aten.mul.Tensor)
+    c = scalar(other_arg(mul, node)) if mul is not None else None
+    return mul if c is not None and math.isclose(c, math.sqrt(n), rel_tol=1e-6) else None
+
+
+def _l2_normalized_at(norm: fx.Node, params: dict[str, str]) -> Match | None:
+    """x / [expand] clamp_min(‖x‖₂ over the last dim, keepdim, ε) · √D [· w], the product by
+    √D and the weight's in either order (F.normalize, or x / x.norm(...).clamp(min=ε)):
+    RMSNorm of x with eps ε²/D (module doc); without a clamp, eps 0 (0/0 in both)."""
+    x, order, dims = (list(norm.args) + [None, None])[:3]
+    t = fake(x)
+    if (norm.kwargs.get("dtype") is not None or len(norm.args) < 4 or norm.args[3] is not True
+            or scalar(order) != 2.0 or dims is None or len(dims) != 1 or not is_last_dim(dims, x)
+            or t is None or t.dim() == 0 or not isinstance(t.shape[-1], int)):
+        return None
+    n, nodes, node, eps = int(t.shape[-1]), [norm], norm, 0.0
+    clamp = sole_user(node, aten.clamp_min.default, aten.clamp.default)
+    if clamp is not None:
+        floor = scalar(clamp.args[1]) if len(clamp.args) > 1 else None
+        if floor is None or (is_op(clamp, aten.clamp.default) and len(clamp.args) > 2
+                             and clamp.args[2] is not None) or clamp.kwargs:
+            return None  # a ceiling, or a floor that is no number
+        node, eps = clamp, floor
+        nodes.append(clamp)
+    if (expand := sole_user(node, aten.expand.default)) is not None:
+        node = expand
+        nodes.append(expand)
+    div = sole_user(node, aten.div.Tensor)
+    if div is None or div.args[1] is not node or not _same_value(div.args[0], x):
+        return None
+    nodes.append(div)
+    if (scaled := _by_root_width(div, n)) is not None:  # · √D, then the weight
+        y, weight, offset, tail = _weight(scaled, n, params)
+        nodes += [scaled, *tail]
+    else:  # the weight, then · √D
+        y, weight, offset, tail = _weight(div, n, params)
+        scaled = _by_root_width(y, n) if weight is not None else None
+        if scaled is None:
+            return None
+        nodes += [*tail, scaled]
+        y = scaled
+    casts = [c for c in (x, div.args[0]) if is_op(c, *CAST_OPS)]  # x.float(): the site's own
+    return _rms_match(norm, strip_casts(x), [*casts, *nodes], y, weight, offset, eps * eps / n)
 
 
 def _spelled_layer_norm(inv: fx.Node, d: Any, normed: fx.Node, centred: tuple[Any, fx.Node],
@@ -250,6 +307,8 @@ def find(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
     for node in gm.graph.nodes:
         if _reciprocal_root(node):
             m = _rms_at(node, params)
+        elif is_op(node, aten.linalg_vector_norm.default):
+            m = _l2_normalized_at(node, params)
         elif is_op(node, aten.native_layer_norm.default):
             m = _layer_norm_at(node)
         else:
