@@ -65,6 +65,9 @@ def sequence_length(args: tuple, kwargs: dict) -> int:
     raise TypeError("advisor: cannot find a tensor input to read the sequence length from")
 
 
+RECOMPILE_LIMIT = 64  # compiles of one apply's entry (`_entry`) before dynamo runs it eager
+
+
 def _trace_config() -> Any:
     """Dynamo settings for our traces, scoped to our calls: keep Python floats (eps,
     scales) as constants so patterns see them, instead of lifting them to graph inputs;
@@ -73,8 +76,21 @@ def _trace_config() -> Any:
     only calls that may trace — never CUDA-graph replays."""
     cfg = torch._dynamo.config
     settings: dict[str, Any] = {k: True for k in ("specialize_float",) if hasattr(cfg, k)}
-    settings.update({k: 64 for k in ("recompile_limit", "cache_size_limit") if hasattr(cfg, k)})
+    settings.update({k: RECOMPILE_LIMIT for k in ("recompile_limit", "cache_size_limit") if hasattr(cfg, k)})
     return cfg.patch(**settings)
+
+
+def _entry(model: torch.nn.Module) -> Callable[..., Any]:
+    """`model(...)` behind a code object of its own, which dynamo's cache and recompile
+    count are per: compiling the module itself shares its class's `forward` code across
+    every bucket of every model of that class applied in the process, and past
+    `recompile_limit` dynamo runs the frame eager, unfused, with no error (seen with many
+    applies of one class). The module's own frames are inlined into this one's trace."""
+    def call_model(*args: Any, **kwargs: Any) -> Any:
+        return model(*args, **kwargs)
+
+    call_model.__code__ = call_model.__code__.replace()  # a new code object, the same code
+    return call_model
 
 
 def _traced(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -148,7 +164,7 @@ class AdvisedModel(torch.nn.Module):
             state.reports.append(report)
             return entered(gm.forward)  # counted in captures (outside_graph.Deferred.sound)
 
-        return torch.compile(model, backend=aten_backend(model, on_graph),
+        return torch.compile(_entry(model), backend=aten_backend(model, on_graph),
                              dynamic=None if one_length else True)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
