@@ -155,3 +155,46 @@ def test_conv1d_projections_take_their_epilogues_and_are_never_merged():
     applied = {r["family"]: r["applied"] for r in rows if r.get("applied")}
     assert applied == {"linear_bias_act": 1, "linear_residual": 1}, rows
     assert not [r for r in rows if r.get("unfused")], rows
+
+
+def test_a_bias_that_is_not_n_wide_is_no_linears():
+    """addmm broadcasts a (1, N) or (1,) bias; the GEMM epilogues add an (N,) one: such a
+    product is no linear (it was offered, then refused by the kernel's input check), in
+    either weight layout."""
+    class Broadcast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w_kn, self.w_nk = torch.nn.Parameter(torch.randn(16, 16) / 4), torch.nn.Parameter(torch.randn(16, 16) / 4)
+            self.b_row, self.b_one = torch.nn.Parameter(torch.randn(1, 16) / 10), torch.nn.Parameter(torch.randn(1) / 10)
+
+        def forward(self, x):
+            rows = x.reshape(-1, 16)
+            h = x + torch.addmm(self.b_row, rows, self.w_kn).view_as(x)
+            return h + F.gelu(torch.addmm(self.b_one, rows, self.w_nk.t())).view_as(x)
+
+    model, x = Broadcast().eval(), torch.randn(2, 5, 16)
+    fast = apply(model, Plan(("linear_bias_act", "linear_residual")))
+    torch.testing.assert_close(fast(x), model(x))
+    rows = [r for r in fast.summary() if r["family"] != "(all)"]
+    assert not [r for r in rows if r["applied"] or r["unfused"]], rows
+
+
+def test_weight_layouts_are_confirmed_and_timed_apart():
+    """An (N, K) weight and t(W) of a (K, N) one, equal shapes: one site signature each
+    (confirmation and the probe's timing run each layout as it will run)."""
+    from advisor.graph.capture import capture
+    from advisor.graph.patterns import find_all
+    from advisor.runtime.rewrite import site_signature
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w_nk, self.w_kn = torch.nn.Parameter(torch.randn(24, 16)), torch.nn.Parameter(torch.randn(16, 24))
+            self.b1, self.b2 = torch.nn.Parameter(torch.randn(24)), torch.nn.Parameter(torch.randn(24))
+
+        def forward(self, x, y):
+            return F.gelu(F.linear(x, self.w_nk, self.b1)), F.gelu(_conv1d(y, self.w_kn, self.b2))
+
+    part = capture(Two().eval(), (torch.randn(2, 5, 16), torch.randn(2, 5, 16))).parts[0]
+    sites = [m for m in find_all(part.gm, part.params) if m.family == "linear_bias_act"]
+    assert len(sites) == 2 and site_signature(sites[0], "") != site_signature(sites[1], "")

@@ -31,7 +31,7 @@ from torch import fx
 from advisor.graph.capture import fake, infer_meta
 from advisor.graph.dce import settle
 from advisor.graph.match import RESHAPE_OPS, VIEW_OPS, aten, is_op, known, strip_views
-from advisor.graph.patterns.linear import linear_at
+from advisor.graph.patterns.linear import bias_ok, linear_at
 
 
 def _holds(view: torch.Tensor, sizes: tuple, strides: tuple, offset: Any) -> bool:
@@ -127,8 +127,8 @@ def products_as_linears(gm: fx.GraphModule, params: dict[str, str]) -> int:
                 or linear_at(node, params) is not None:
             continue
         bias = node.args[0] if is_op(node, aten.addmm.default) else None
-        if bias is not None and (node.kwargs or not isinstance(bias, fx.Node) or bias.name not in params):
-            continue  # alpha/beta, or a bias that is no parameter: not a linear
+        if bias is not None and node.kwargs:
+            continue  # alpha/beta: not a linear
         a, b = node.args[-2:]
         w, stored, x = _weight_transposed(b, params), None, _rows_of(a)
         if w is None:
@@ -136,6 +136,8 @@ def products_as_linears(gm: fx.GraphModule, params: dict[str, str]) -> int:
         out = fake(node)
         if w is None or x is None or out is None or not out.is_contiguous():
             continue
+        if not bias_ok(bias, fake(w).shape[1 if stored is not None else 0], params):
+            continue  # a bias that is no (N,) parameter: not a linear's
         with graph.inserting_before(node):
             if stored is not None:  # the (N, K) weight: a view, strides (1, N)
                 w = infer_meta(graph.call_function(aten.t.default, (stored,)), like=node)

@@ -19,6 +19,7 @@ back (same values).
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import warnings
@@ -80,6 +81,9 @@ def _trace_config() -> Any:
     return cfg.patch(**settings)
 
 
+_ENTRIES = itertools.count()
+
+
 def _entry(model: torch.nn.Module) -> Callable[..., Any]:
     """`model(...)` behind a code object of its own, which dynamo's cache and recompile
     count are per: compiling the module itself shares its class's `forward` code across
@@ -89,7 +93,13 @@ def _entry(model: torch.nn.Module) -> Callable[..., Any]:
     def call_model(*args: Any, **kwargs: Any) -> Any:
         return model(*args, **kwargs)
 
-    call_model.__code__ = call_model.__code__.replace()  # a new code object, the same code
+    # a new code object, the same code, and a name of its own: dynamo also keeps state per
+    # (file, line, name) — automatic dynamic shapes — which one name would share across
+    # applies (one apply's sizes deciding another's trace)
+    name = f"advised_call_{next(_ENTRIES)}"
+    code = call_model.__code__
+    names = {"co_name": name, **({"co_qualname": name} if hasattr(code, "co_qualname") else {})}  # 3.11+
+    call_model.__code__ = code.replace(**names)
     return call_model
 
 

@@ -21,7 +21,7 @@ import torch
 from torch import fx
 
 from advisor.graph.capture import common_module, fake, module_path
-from advisor.graph.match import VIEW_OPS, Match, aten, is_op, strip_views
+from advisor.graph.match import VIEW_OPS, Match, aten, is_op, known, strip_views
 from advisor.graph.patterns.activation import activation_of, reads_only
 
 
@@ -52,12 +52,16 @@ def linear_at(node: fx.Node, params: dict[str, str]) -> Linear | None:
         return None
     w = wt.args[0]
     if _transposed(w) and w.args[0].name in params:  # t(t(W)): W stored (K, N)
-        return Linear(node, strip_views(x2d), x2d, w, bias, True) if _bias_ok(bias, params) else None
-    if not isinstance(w, fx.Node) or w.name not in params:
-        return None
-    if not _bias_ok(bias, params):
+        return Linear(node, strip_views(x2d), x2d, w, bias, True) if bias_ok(bias, _rows(w), params) else None
+    if not isinstance(w, fx.Node) or w.name not in params or not bias_ok(bias, _rows(w), params):
         return None
     return Linear(node, strip_views(x2d), x2d, w, bias)
+
+
+def _rows(w: fx.Node) -> Any:
+    """N of an (N, K) weight node, or None."""
+    t = fake(w)
+    return t.shape[0] if t is not None and t.dim() == 2 else None
 
 
 def _transposed(n: Any) -> bool:
@@ -66,8 +70,14 @@ def _transposed(n: Any) -> bool:
         and isinstance(n.args[0], fx.Node)
 
 
-def _bias_ok(bias: Any, params: dict[str, str]) -> bool:
-    return bias is None or (isinstance(bias, fx.Node) and bias.name in params)
+def bias_ok(bias: Any, n: Any, params: dict[str, str]) -> bool:
+    """No bias, or an (n,) parameter: what the GEMM epilogues add (addmm would also
+    broadcast a (1, n) or (1,) one)."""
+    if bias is None:
+        return True
+    tb = fake(bias)
+    return (isinstance(bias, fx.Node) and bias.name in params and tb is not None and tb.dim() == 1
+            and n is not None and known(tb.shape[0] == n))
 
 
 def find_linears(gm: fx.GraphModule, params: dict[str, str]) -> list[Linear]:
