@@ -666,6 +666,9 @@ def test_explicit_4d_attention_is_an_attention_candidate(read_by_matmul):
 def test_clean_path():
     assert clean_path("L['args'][0].model.layers[0].mlp") == "model.layers.0.mlp"
     assert clean_path("L['self']._modules['layers']._modules['3'].attn") == "layers.3.attn"
+    # apply's entry calls the module, a local named model: paths as from the module's own trace
+    assert clean_path("L['model'].layers.0.feed_forward") == "layers.0.feed_forward"
+    assert clean_path("L['model']") == ""
 
 
 # --- activations recognised by what they compute (patterns/activation.py spelled_activation)

@@ -101,7 +101,9 @@ def capture(model: torch.nn.Module, inputs: Inputs) -> Captured:
     return Captured(parts=parts)
 
 
-_PREFIX = re.compile(r"^L\['(?:self|args|kwargs)'\](?:\[\d+\]|\['[^']*'\])?\.?")
+# the traced frame's locals: the module itself (`self`; `model` in apply's entry, which
+# calls it) or the arguments it was handed
+_PREFIX = re.compile(r"^L\['(?:self|model|args|kwargs)'\](?:\[\d+\]|\['[^']*'\])?\.?")
 _INDEX = re.compile(r"\[(\d+)\]")
 _MODULES = re.compile(r"_modules\['([^']+)'\]")
 
