@@ -46,9 +46,7 @@ def linear_at(node: fx.Node, params: dict[str, str]) -> Linear | None:
         bias, x2d, wt = node.args[0], node.args[1], node.args[2]
     else:
         return None
-    if not is_op(wt, aten.t.default, aten.permute.default):
-        return None
-    if is_op(wt, aten.permute.default) and list(wt.args[1]) != [1, 0]:
+    if not _transposed(wt):
         return None
     w = wt.args[0]
     if _transposed(w) and w.args[0].name in params:  # t(t(W)): W stored (K, N)
