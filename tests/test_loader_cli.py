@@ -105,3 +105,17 @@ def test_load_good_file(tmp_path):
     (tmp_path / "m.py").write_text(GOOD)
     mf = load_model_file(tmp_path / "m.py")
     assert mf.make_decode_inputs is None and len(mf.sha256) == 64
+
+
+@pytest.mark.parametrize("path", ["examples/tiny_llama.py", "examples/llama_hf.py", "examples/gpt2_hf.py"])
+def test_example_model_files_build_and_run_tiny(path):
+    """Every example is a model file the loader takes: tiny on the CPU, logits per token."""
+    import torch
+
+    from advisor.loader import build, call, first_tensor, inputs_for
+
+    mf = load_model_file(Path(__file__).resolve().parents[1] / path)
+    model = build(mf, torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        out = first_tensor(call(model, inputs_for(mf, 5, 2, torch.device("cpu"))))
+    assert out.shape[:2] == (2, 5) and torch.isfinite(out).all()
