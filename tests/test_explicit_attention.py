@@ -227,3 +227,37 @@ def test_confirmation_judges_where_the_truth_is_finite():
     drop = random_like(cond, gen)
     assert keep[..., 0].all() and not drop[..., 0].any()
     assert 0.5 < keep.float().mean() < 1 and 0 < drop.float().mean() < 0.5
+
+
+class _HeadBatched(torch.nn.Module):
+    """fairseq-style attention: q, k, v as (B·H, T, D) rows, bmm scores (B·H, T, T), a
+    softmax over 3-D scores, bmm by v. `mask`: "causal" a (T, T) additive mask, "none", or
+    "per-row" a (B·H, T, T) one (no (B|1, H|1, T, T) mask: not offered)."""
+
+    def __init__(self, mask: str, d: int = 32, heads: int = 4):
+        super().__init__()
+        self.mask, self.heads = mask, heads
+        self.qkv, self.o = torch.nn.Linear(d, 3 * d, bias=False), torch.nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        h, d = self.heads, c // self.heads
+        q, k, v = (y.view(b, t, h, d).transpose(1, 2).reshape(b * h, t, d) for y in self.qkv(x).split(c, -1))
+        s = torch.bmm(q, k.transpose(1, 2)) * d ** -0.5
+        if self.mask != "none":
+            causal = torch.full((t, t), float("-inf")).triu(1)
+            s = s + (causal.expand(b * h, t, t) + 0.0 if self.mask == "per-row" else causal)
+        o = torch.bmm(torch.softmax(s, -1), v)  # (B·H, T, D)
+        return self.o(o.view(b, h, t, d).transpose(1, 2).reshape(b, t, c))
+
+
+@pytest.mark.parametrize("mask", ["causal", "none", "per-row"])
+def test_softmax_over_head_batched_3d_scores_is_one_kernel(mask):
+    torch.manual_seed(0)
+    model = _HeadBatched(mask).eval()
+    fast = apply(model, Plan(("attention",)))
+    for t in (1, 7):
+        x = torch.randn(2, t, 32)
+        assert max_violation(fast(x), model(x), tolerance(torch.float32, model=True)) <= 0
+    row = next(r for r in fast.summary() if r["family"] == "attention")
+    assert (row["applied"] == 0 if mask == "per-row" else row["applied"] >= 1) and not row["unfused"], row

@@ -361,8 +361,10 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
     before the cast (exact: the kernel multiplies them with fp32 accumulation)."""
     nodes = _explicit_attention(softmax)
     t = fake(softmax)
-    if nodes is None or t is None or t.dim() != 4 or softmax.args[1] not in (-1, 3):
+    if nodes is None or t is None or t.dim() not in (3, 4) or softmax.args[1] not in (-1, t.dim() - 1):
         return None
+    if t.dim() == 3 and not (is_op(nodes[0], aten.bmm.default) and is_op(nodes[-1], aten.bmm.default)):
+        return None  # (B·H, Tq, Tk) scores: bmm of (B·H)-row operands on both sides
     if any(scores_in(n) is not prev for prev, n in zip(nodes, nodes[1:])):
         return None  # a chain op that reads the scores as another operand (mask + scores)
     mm1, mm2 = nodes[0], nodes[-1]
@@ -397,6 +399,8 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
     if scores.heads_bias is not None and not _same(fake(scores.heads_bias).shape[0],
                                                     fake(q).shape[0] * fake(q).shape[1]):
         return None  # the bias must be one (1|Tq, Tk) slice per batch and head
+    if t.dim() == 3 and not all(_heads_free(x) for x in (scores.mask, scores.drop)):
+        return None  # a per-(B·H) mask on 3-D scores is no (B|1, H|1, Tq, Tk) one
     scores.scale *= cq * ck
     product = y  # P·V as (B, H, Tq, D)
     down = _downcast(y)  # the math backend's fp32 result, cast back to q's dtype
@@ -411,6 +415,13 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
            *nodes, *v_up, *v_chain,
            *([product] if product is not mm2 else []), *down, *scores.side, *scores.constants)
     return _Site(q, k, v, False, scores, tuple(dict.fromkeys(own)), y)
+
+
+def _heads_free(x: Any) -> bool:
+    """x (a mask of (B·H, Tq, Tk) scores) is None or broadcast along B·H: at most 2-D, or
+    (1, Tq|1, Tk|1) — it then means the same against (B, H, Tq, Tk)."""
+    t = fake(x) if isinstance(x, fx.Node) else None
+    return x is None or (t is not None and (t.dim() <= 2 or (t.dim() == 3 and known(t.shape[0] == 1))))
 
 
 def _read_baddbmm(mm: fx.Node, scores: _Scores) -> bool:
