@@ -231,8 +231,9 @@ def test_confirmation_judges_where_the_truth_is_finite():
 
 class _HeadBatched(torch.nn.Module):
     """fairseq-style attention: q, k, v as (B·H, T, D) rows, bmm scores (B·H, T, T), a
-    softmax over 3-D scores, bmm by v. `mask`: "causal" a (T, T) additive mask, "none", or
-    "per-row" a (B·H, T, T) one (no (B|1, H|1, T, T) mask: not offered)."""
+    softmax over 3-D scores, bmm by v. `mask`: "causal" a (T, T) additive mask, "fill" a
+    (1, T, T) masked_fill, "none", or "per-row" a (B·H, T, T) additive one (no
+    (B|1, H|1, T, T) mask: not offered)."""
 
     def __init__(self, mask: str, d: int = 32, heads: int = 4):
         super().__init__()
@@ -244,14 +245,16 @@ class _HeadBatched(torch.nn.Module):
         h, d = self.heads, c // self.heads
         q, k, v = (y.view(b, t, h, d).transpose(1, 2).reshape(b * h, t, d) for y in self.qkv(x).split(c, -1))
         s = torch.bmm(q, k.transpose(1, 2)) * d ** -0.5
-        if self.mask != "none":
+        if self.mask == "fill":
+            s = s.masked_fill(torch.ones(1, t, t, dtype=torch.bool).triu(1), float("-inf"))
+        elif self.mask != "none":
             causal = torch.full((t, t), float("-inf")).triu(1)
             s = s + (causal.expand(b * h, t, t) + 0.0 if self.mask == "per-row" else causal)
         o = torch.bmm(torch.softmax(s, -1), v)  # (B·H, T, D)
         return self.o(o.view(b, h, t, d).transpose(1, 2).reshape(b, t, c))
 
 
-@pytest.mark.parametrize("mask", ["causal", "none", "per-row"])
+@pytest.mark.parametrize("mask", ["causal", "fill", "none", "per-row"])
 def test_softmax_over_head_batched_3d_scores_is_one_kernel(mask):
     torch.manual_seed(0)
     model = _HeadBatched(mask).eval()
