@@ -44,6 +44,8 @@
 #   sweep   family_sweep.py over every causal-LM family of transformers (or SWEEP_FAMILIES)
 #   gpt2    examples/gpt2_hf.py (GPT-2 medium): the GEMM-epilogue plan against eager and
 #           reduce-overhead at 1/128/512, then the other GPT-2 plans without compile (~300 s)
+#   gemmtiles  benchmarks/gemm_tile_probe.py: a grid of GEMM tiles / split-K at 128 and 512 rows on
+#           GPT-2's narrow-N sites and Llama's o_proj, against the default and cuBLAS + op (~330 s)
 #   plans   each of PLANS (plan or recipe files) benched at BENCH_SHAPES (128,512), no compile
 #           baselines -> $OUT/bench-<name>.json
 #   probetiming  benchmarks/probe_timing.py at PROBE_TOKENS (1): the probe's sites of PROBE_FAMILIES
@@ -58,7 +60,7 @@
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
 # Several stages run in order in one command: ... next_gpu_session.sh coldstart tune
-[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, predict, coldstart, attention, prefill, deep, gemmsites, kernels, order, otherplans, probetiming, spellings, fp32, explicit, sweepdebug, sweep, gpt2, plans, all or pack" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, predict, coldstart, attention, prefill, deep, gemmsites, kernels, order, otherplans, probetiming, spellings, fp32, explicit, sweepdebug, sweep, gpt2, gemmtiles, plans, all or pack" >&2; exit 2; }
 RECIPE=${RECIPE:-recipes/llama_hf-h200.json}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
@@ -236,6 +238,10 @@ sweep)  # benchmarks/family_sweep.py over every causal-LM family (SWEEP_FAMILIES
   OUT=$OUT/sweep timeout ${SWEEP_S:-560} python3 benchmarks/family_sweep.py --jobs 8 --timeout 150 \
     ${SWEEP_FAMILIES:+--only $SWEEP_FAMILIES} > "$OUT/sweep.log" 2>&1
   echo "sweep rc=$?"; grep -v '"ok"' "$OUT/sweep.log" | grep -v unbuilt | cut -c1-300; tail -1 "$OUT/sweep.log" ;;
+gemmtiles)  # benchmarks/gemm_tile_probe.py: tiles and split-K at 128/512 rows, narrow N (session 32)
+  timeout ${TILES_S:-330} python3 benchmarks/gemm_tile_probe.py --budget-s $(( ${TILES_S:-330} - 60 )) \
+    > "$OUT/gemm-tile-probe.log" 2>&1
+  echo "gemmtiles rc=$?"; grep " M=" "$OUT/gemm-tile-probe.log" | cut -c1-300 ;;
 gpt2)  # a second family end to end: Conv1D epilogues, LayerNorm, attention (session 31)
   timeout ${GPT2_S:-220} python3 -m advisor.cli bench examples/gpt2_hf.py \
     --recipe recipes/gpt2-epilogues-cudagraph.plan.json --shapes 1,128,512 --compile reduce-overhead \
