@@ -60,6 +60,8 @@ def _tiny_config(model_type: str, dense_moe: bool = False):
 
     config = AutoConfig.for_model(model_type)
     text = getattr(config, "text_config", None) or config
+    if isinstance(getattr(text, "per_layer_config", None), dict):  # Gemma 4: per-layer head
+        text.per_layer_config = {}  # dims; a tiny model takes one size for every layer
     for names, value in {**_TINY, **(_DENSE_MOE if dense_moe else {})}.items():
         for name in names:
             held = getattr(text, name, None) if name in text.to_dict() else False
@@ -115,9 +117,13 @@ def check_one(model_type: str, attention: str, dtype: torch.dtype | None = None,
     dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
     try:
         config = _tiny_config(model_type, dense_moe)
-        config._attn_implementation = attention
         torch.manual_seed(0)
-        model = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])(config).eval()
+        cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+        text = getattr(config, "text_config", None)
+        if text is not None and isinstance(text, cls.config_class):  # Llama 4, Emu3: the
+            config = text  # causal LM takes the text part of a composite config
+        config._attn_implementation = attention
+        model = cls(config).eval()
         _randomise(model)
         model = model.to(dev, dtype)
         inputs = {t: torch.randint(2, _VOCAB, (2, t), device=dev,
