@@ -60,7 +60,7 @@ def _tiny_config(model_type: str, dense_moe: bool = False):
 
     config = AutoConfig.for_model(model_type)
     text = getattr(config, "text_config", None) or config
-    if isinstance(getattr(text, "per_layer_config", None), dict):  # Gemma 4: per-layer head
+    if getattr(text, "per_layer_config", None):  # Gemma 4: per-layer head
         text.per_layer_config = {}  # dims; a tiny model takes one size for every layer
     for names, value in {**_TINY, **(_DENSE_MOE if dense_moe else {})}.items():
         for name in names:
