@@ -449,3 +449,60 @@ def test_many_applies_of_one_class_each_compile_their_own(monkeypatch):
         torch.testing.assert_close(fast(x), model(x))
         rows = {r["family"]: r for r in fast.summary()}
         assert rows["rms_norm"]["applied"] == 1 and rows["(all)"]["compiles"] == 1, rows
+
+
+class _Norm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.rand(16) + 0.5)
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+
+
+class _Broken(torch.nn.Module):
+    """Two norms with a graph break between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.n1, self.n2 = _Norm(), _Norm()
+
+    def forward(self, x):
+        h = self.n1(x)
+        torch._dynamo.graph_break()  # a print(), an .item(): the rest is this class's code
+        return self.n2(h)
+
+
+def test_applies_past_the_recompile_limit_with_a_graph_break_inside(monkeypatch):
+    """Frames past a graph break are the model class's own code, which every apply of the
+    class compiles again (another backend); with a fixed limit the applies past it ran
+    them eager, unfused, silently ([2, 2, 0, 0, 0] at a limit of 2)."""
+    import advisor.runtime.apply as apply_module
+
+    monkeypatch.setattr(apply_module, "RECOMPILE_LIMIT", 2)
+    x = torch.randn(2, 3, 16)
+    for _ in range(5):
+        model = _Broken()
+        fast = apply(model, Plan(("rms_norm",)))
+        torch.testing.assert_close(fast(x), model(x))
+        rows = {r["family"]: r for r in fast.summary()}
+        assert rows["rms_norm"]["applied"] == 2, rows
+
+
+def test_a_dropped_model_is_freed():
+    """Dynamo keeps every backend until torch._dynamo.reset(); ours held the wrapper and
+    through it the user's model and weights, after the user dropped both."""
+    import gc
+    import weakref
+
+    refs = []
+    for model in (_Norm(), _Broken()):
+        fast = apply(model, Plan(("rms_norm",)))
+        fast(torch.randn(2, 3, 16))
+        fast(torch.randn(2, 5, 16))
+        refs += [weakref.ref(model), weakref.ref(fast), weakref.ref(model.get_parameter(
+            "w" if isinstance(model, _Norm) else "n2.w"))]
+        assert sum(r["applied"] for r in fast.summary() if r["family"] == "rms_norm") >= 1
+        del model, fast
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)

@@ -23,6 +23,7 @@ import itertools
 import os
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +68,8 @@ def sequence_length(args: tuple, kwargs: dict) -> int:
 
 
 RECOMPILE_LIMIT = 64  # compiles of one apply's entry (`_entry`) before dynamo runs it eager
+_ENTRIES = itertools.count()
+_applies = 0  # entries made in this process (`_entry`)
 
 
 def _trace_config() -> Any:
@@ -74,14 +77,20 @@ def _trace_config() -> Any:
     scales) as constants so patterns see them, instead of lifting them to graph inputs;
     and, each bucket being its own compile of the same forward, allow them all (and a few
     specialisations each) before dynamo falls back to eager. Costs ~25 µs, so it wraps
-    only calls that may trace — never CUDA-graph replays."""
+    only calls that may trace — never CUDA-graph replays.
+
+    The limits grow with the applies made: frames past a graph break inside the model are
+    its class's own code, not the entry's, so every apply of that class adds its compiles
+    to one count there (each apply's backend is another, which dynamo counts as a
+    recompile); with a fixed limit, the applies past it ran those frames eager, unfused."""
     cfg = torch._dynamo.config
     settings: dict[str, Any] = {k: True for k in ("specialize_float",) if hasattr(cfg, k)}
-    settings.update({k: RECOMPILE_LIMIT for k in ("recompile_limit", "cache_size_limit") if hasattr(cfg, k)})
+    limit = RECOMPILE_LIMIT * (1 + _applies)
+    settings.update({k: limit for k in ("recompile_limit", "cache_size_limit") if hasattr(cfg, k)})
+    settings.update({k: max(limit, getattr(cfg, k)) for k in ("accumulated_recompile_limit",
+                                                              "accumulated_cache_size_limit")
+                     if hasattr(cfg, k)})
     return cfg.patch(**settings)
-
-
-_ENTRIES = itertools.count()
 
 
 def _entry(model: torch.nn.Module) -> Callable[..., Any]:
@@ -96,6 +105,8 @@ def _entry(model: torch.nn.Module) -> Callable[..., Any]:
     # a new code object, the same code, and a name of its own: dynamo also keeps state per
     # (file, line, name) — automatic dynamic shapes — which one name would share across
     # applies (one apply's sizes deciding another's trace)
+    global _applies
+    _applies += 1
     name = f"advised_call_{next(_ENTRIES)}"
     code = call_model.__code__
     names = {"co_name": name, **({"co_qualname": name} if hasattr(code, "co_qualname") else {})}  # 3.11+
@@ -158,23 +169,29 @@ class AdvisedModel(torch.nn.Module):
         return self._unfused if bucket is None else self.buckets[bucket.max_len]
 
     def _compile(self, state: BucketState, bound: int | None) -> Callable[..., Any]:
-        model = self.original
         one_length = bound == 1 and self.length_of is sequence_length
+        # dynamo keeps every backend it was given until torch._dynamo.reset(): through
+        # strong references the backend would keep this wrapper, the user's model and its
+        # weights alive after the user drops them
+        owner, state_ref = weakref.ref(self), weakref.ref(state)
 
         def on_graph(gm: fx.GraphModule, params: dict[str, str], example: list[Any]) -> Callable[..., Any]:
-            state.compiles += 1
-            if state.started is not None and not state.trace_s:
-                state.trace_s = time.perf_counter() - state.started
+            me, st = owner(), state_ref()
+            if me is None or st is None:  # only reached through the wrapper, which holds both
+                raise RuntimeError("advisor: a trace of an advised model that was freed")
+            st.compiles += 1
+            if st.started is not None and not st.trace_s:
+                st.trace_s = time.perf_counter() - st.started
             warm_wait()  # Triton's setup, started by `apply`, done before the first compile
-            if self.precompiling is not None and bound is not None:
-                self.precompiling.wait(bound)  # this bucket's kernels: cache reads from here
-            report = rewrite(gm, params, state.plan, self._confirmed)
+            if me.precompiling is not None and bound is not None:
+                me.precompiling.wait(bound)  # this bucket's kernels: cache reads from here
+            report = rewrite(gm, params, st.plan, me._confirmed)
             for group in report.merged_weights:
-                arrange(model, group)
-            state.reports.append(report)
+                arrange(me.original, group)
+            st.reports.append(report)
             return entered(gm.forward)  # counted in captures (outside_graph.Deferred.sound)
 
-        return torch.compile(_entry(model), backend=aten_backend(model, on_graph),
+        return torch.compile(_entry(self.original), backend=aten_backend(self.original, on_graph),
                              dynamic=None if one_length else True)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
