@@ -199,12 +199,15 @@ def test_rms_norm_spelled_with_a_sum_or_a_power(spelling):
 
 
 @pytest.mark.parametrize("spelling", ["F.normalize*scale*g", "g*F.normalize*scale", "x/norm.clamp",
-                                      "no-weight", "bf16-upcast"])
+                                      "no-weight", "bf16-upcast", "x/(norm*D^-1/2).clamp*g",
+                                      "x/(norm/sqrtD).clamp"])
 def test_l2_normalised_times_root_width_is_an_rms_norm(spelling):
     """F.normalize(x, dim=-1) · √D [· g] (x-transformers' RMSNorm; the product by √D and
     the weight in either order, or x / x.norm(dim=-1, keepdim=True).clamp(min=ε)) is the
-    RMSNorm with eps ε²/D; · √D / 2, another ord or no keepdim are none. A zero row stays
-    zero, as F.normalize leaves it."""
+    RMSNorm with eps ε²/D; x / (‖x‖·D^-½).clamp(min=ε) [· g] (its older spelling) the one
+    with eps ε². · √D / 2, another ord, no keepdim, and floors that are no eps (<= 0: no
+    floor at all; 1: far from RMSNorm) are none. A zero row stays zero, as F.normalize
+    leaves it in fp32 (an fp16 floor of 1e-12 rounds to 0: eager's is NaN there)."""
     from advisor.runtime.apply import apply
     from advisor.runtime.plan import Plan
 
@@ -223,11 +226,18 @@ def test_l2_normalised_times_root_width_is_an_rms_norm(spelling):
                 y = h / h.norm(dim=-1, keepdim=True).clamp(min=1e-8) * self.scale * self.g
             elif spelling == "no-weight":
                 y = F.normalize(h, dim=-1) * self.scale
+            elif spelling == "x/(norm*D^-1/2).clamp*g":
+                y = h / (torch.norm(h, dim=-1, keepdim=True) * 24 ** -0.5).clamp(min=1e-8) * self.g
+            elif spelling == "x/(norm/sqrtD).clamp":
+                y = h / (h.norm(dim=-1, keepdim=True) / self.scale).clamp(min=1e-8)
             else:
                 y = (F.normalize(h.float(), dim=-1) * self.scale * self.g.float()).to(h.dtype)
             not_norms = (F.normalize(x, dim=-1) * (self.scale / 2) * self.g,
                          x / x.norm(p=1, dim=-1, keepdim=True) * self.scale,
-                         x / torch.linalg.vector_norm(x, dim=-1).clamp(min=1e-6)[..., None] * self.scale)
+                         x / torch.linalg.vector_norm(x, dim=-1).clamp(min=1e-6)[..., None] * self.scale,
+                         r / r.norm(dim=-1, keepdim=True).clamp(min=-1.0) * self.scale * self.g,
+                         (x2 := 2 * x) / x2.norm(dim=-1, keepdim=True).clamp(min=1.0) * self.scale * self.g,
+                         (x3 := x - 1) / (x3.norm(dim=-1, keepdim=True) * 24 ** 0.5).clamp(min=1e-8) * self.g)
             return y, h, *not_norms
 
     dtype = torch.bfloat16 if spelling == "bf16-upcast" else torch.float32

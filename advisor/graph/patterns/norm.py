@@ -6,8 +6,11 @@ RMSNorm is matched by what it computes, through casts and these spellings:
 then an optional weight: w·n (Llama) or (1 + w)·n (Gemma), the weight possibly cast
 (`w.float()`), and a cast of the result back to x's dtype. Also the L2-normalised form
   F.normalize(x, dim=-1) · √D [· w]   (x / max(‖x‖₂, ε), x-transformers' RMSNorm)
-which is x / max(rms(x), ε/√D): RMSNorm with eps = ε²/D (x / √(rms² + ε²/D)); the two differ
-only where ‖x‖ is within a few ε of zero (a zero row is 0 in both). LayerNorm is aten's
+which is x / max(rms(x), ε/√D): RMSNorm with eps = ε²/D (x / √(rms² + ε²/D)); and the older
+  x / (‖x‖₂ · D^-½).clamp(min=ε) [· w]   (x / max(rms(x), ε): eps = ε²)
+The max and the sum differ by a factor √(1 + ε²/‖x‖²) (up to ε²/2‖x‖², relative): 29% at
+‖x‖ = ε, under 5e-5 past 100ε; a zero row is 0 in both. Only floors 0 < ε <= L2_FLOOR_MAX
+are read so (F.normalize's is 1e-12): rows of a model's activations are far from them. LayerNorm is aten's
 `native_layer_norm` (what F.layer_norm lowers to) or the same spelled out: the RMSNorm
 form above of d = x - mean(x, -1) (Cohere, hand-written models; d may be computed twice,
 once for the variance and once to normalise), then w·n and an optional + b. A residual
@@ -193,17 +196,26 @@ def _rms_match(anchor: fx.Node, x: Any, nodes: list[fx.Node], y: fx.Node, weight
     return Match("rms_norm", "rms_norm", module_path(anchor), nodes, operands, {"y": y})
 
 
-def _by_root_width(node: fx.Node, n: int) -> fx.Node | None:
-    """The sole user of `node` that multiplies it by √n (a number), else None."""
-    mul = sole_user(node, aten.mul.Tensor)
-    c = scalar(other_arg(mul, node)) if mul is not None else None
+def _by_root_width(node: fx.Node, n: int, inverse: bool = False) -> fx.Node | None:
+    """The sole user of `node` that multiplies it by √n (a number), else None; inverse:
+    that multiplies it by 1/√n or divides it by √n."""
+    mul = sole_user(node, aten.mul.Tensor, *((aten.div.Tensor,) if inverse else ()))
+    if mul is None or (is_op(mul, aten.div.Tensor) and mul.args[0] is not node):
+        return None
+    c = scalar(other_arg(mul, node))
+    if c is not None and inverse and is_op(mul, aten.mul.Tensor):
+        c = 1 / c if c else None
     return mul if c is not None and math.isclose(c, math.sqrt(n), rel_tol=1e-6) else None
+
+
+L2_FLOOR_MAX = 1e-6  # the largest clamp floor ε read as an RMSNorm's eps (module doc)
 
 
 def _l2_normalized_at(norm: fx.Node, params: dict[str, str]) -> Match | None:
     """x / [expand] clamp_min(‖x‖₂ over the last dim, keepdim, ε) · √D [· w], the product by
     √D and the weight's in either order (F.normalize, or x / x.norm(...).clamp(min=ε)):
-    RMSNorm of x with eps ε²/D (module doc); without a clamp, eps 0 (0/0 in both)."""
+    RMSNorm of x with eps ε²/D (module doc); without a clamp, eps 0 (0/0 in both). Or the
+    norm · D^-½ (or / √D) clamped, x divided by it [· w]: RMSNorm with eps ε²."""
     x, order, dims = (list(norm.args) + [None, None])[:3]
     t = fake(x)
     if (norm.kwargs.get("dtype") is not None or len(norm.args) < 4 or norm.args[3] is not True
@@ -211,12 +223,18 @@ def _l2_normalized_at(norm: fx.Node, params: dict[str, str]) -> Match | None:
             or t is None or t.dim() == 0 or not isinstance(t.shape[-1], int)):
         return None
     n, nodes, node, eps = int(t.shape[-1]), [norm], norm, 0.0
+    rms = _by_root_width(node, n, inverse=True)  # ‖x‖ / √D: rms(x) already
+    if rms is not None:
+        node = rms
+        nodes.append(rms)
     clamp = sole_user(node, aten.clamp_min.default, aten.clamp.default)
     if clamp is not None:
         floor = scalar(clamp.args[1]) if len(clamp.args) > 1 else None
         if floor is None or (is_op(clamp, aten.clamp.default) and len(clamp.args) > 2
                              and clamp.args[2] is not None) or clamp.kwargs:
             return None  # a ceiling, or a floor that is no number
+        if not 0.0 < floor <= L2_FLOOR_MAX:
+            return None  # a floor <= 0 does nothing; a large one is no RMSNorm's eps
         node, eps = clamp, floor
         nodes.append(clamp)
     if (expand := sole_user(node, aten.expand.default)) is not None:
@@ -226,6 +244,10 @@ def _l2_normalized_at(norm: fx.Node, params: dict[str, str]) -> Match | None:
     if div is None or div.args[1] is not node or not _same_value(div.args[0], x):
         return None
     nodes.append(div)
+    if rms is not None:  # x / rms(x): the weight may follow, no √D
+        y, weight, offset, tail = _weight(div, n, params)
+        casts = [c for c in (x, div.args[0]) if is_op(c, *CAST_OPS)]
+        return _rms_match(norm, strip_casts(x), [*casts, *nodes, *tail], y, weight, offset, eps * eps)
     if (scaled := _by_root_width(div, n)) is not None:  # · √D, then the weight
         y, weight, offset, tail = _weight(scaled, n, params)
         nodes += [scaled, *tail]
