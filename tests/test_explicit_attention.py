@@ -232,8 +232,11 @@ def test_confirmation_judges_where_the_truth_is_finite():
 class _HeadBatched(torch.nn.Module):
     """fairseq-style attention: q, k, v as (B·H, T, D) rows, bmm scores (B·H, T, T), a
     softmax over 3-D scores, bmm by v. `mask`: "causal" a (T, T) additive mask, "fill" a
-    (1, T, T) masked_fill, "none", or "per-row" a (B·H, T, T) additive one (no
-    (B|1, H|1, T, T) mask: not offered)."""
+    (1, T, T) masked_fill, "none", "expanded" the (T, T) mask broadcast to the rows by
+    unsqueeze + expand, "padding-4d" a per-batch (B, 1, 1, T) mask added to a 4-D view of
+    the scores (BART-style, viewed back), "scaled-rows" the scale on q's rows instead of the
+    scores; no site: "per-row" a (B·H, T, T) additive mask (no (B|1, H|1, T, T) one), and
+    "grouped" rows (B, H·T, D) (every head's keys in one softmax)."""
 
     def __init__(self, mask: str, d: int = 32, heads: int = 4):
         super().__init__()
@@ -243,9 +246,20 @@ class _HeadBatched(torch.nn.Module):
     def forward(self, x):
         b, t, c = x.shape
         h, d = self.heads, c // self.heads
-        q, k, v = (y.view(b, t, h, d).transpose(1, 2).reshape(b * h, t, d) for y in self.qkv(x).split(c, -1))
-        s = torch.bmm(q, k.transpose(1, 2)) * d ** -0.5
-        if self.mask == "fill":
+        rows = (b, h * t, d) if self.mask == "grouped" else (b * h, t, d)
+        q, k, v = (y.view(b, t, h, d).transpose(1, 2).reshape(rows) for y in self.qkv(x).split(c, -1))
+        if self.mask == "scaled-rows":
+            s = torch.bmm(q * d ** -0.5, k.transpose(1, 2))
+        else:
+            s = torch.bmm(q, k.transpose(1, 2)) * d ** -0.5
+        if self.mask == "expanded":
+            s = s + torch.full((t, t), float("-inf")).triu(1).unsqueeze(0).expand(b * h, t, t)
+        elif self.mask == "padding-4d":  # batch 0's keys 2, 5, ... padded
+            pad = ((torch.arange(t) % 3 == 2).float() * -1e4 * (torch.arange(b) == 0).float().view(b, 1, 1, 1))
+            s = (s.view(b, h, t, t) + pad).view(b * h, t, t)
+        elif self.mask in ("scaled-rows", "grouped"):
+            pass
+        elif self.mask == "fill":
             s = s.masked_fill(torch.ones(1, t, t, dtype=torch.bool).triu(1), float("-inf"))
         elif self.mask != "none":
             causal = torch.full((t, t), float("-inf")).triu(1)
@@ -254,7 +268,8 @@ class _HeadBatched(torch.nn.Module):
         return self.o(o.view(b, h, t, d).transpose(1, 2).reshape(b, t, c))
 
 
-@pytest.mark.parametrize("mask", ["causal", "fill", "none", "per-row"])
+@pytest.mark.parametrize("mask", ["causal", "fill", "none", "expanded", "padding-4d", "scaled-rows",
+                                  "per-row", "grouped"])
 def test_softmax_over_head_batched_3d_scores_is_one_kernel(mask):
     torch.manual_seed(0)
     model = _HeadBatched(mask).eval()
@@ -263,4 +278,5 @@ def test_softmax_over_head_batched_3d_scores_is_one_kernel(mask):
         x = torch.randn(2, t, 32)
         assert max_violation(fast(x), model(x), tolerance(torch.float32, model=True)) <= 0
     row = next(r for r in fast.summary() if r["family"] == "attention")
-    assert (row["applied"] == 0 if mask == "per-row" else row["applied"] >= 1) and not row["unfused"], row
+    none = mask in ("per-row", "grouped")
+    assert (row["applied"] == 0 if none else row["applied"] >= 1) and not row["unfused"], row

@@ -339,6 +339,10 @@ def _bmm_source(node: Any) -> tuple[Any, list[fx.Node]]:
                 (aten.clone.default,), (aten.expand.default,)):
         t = fake(node)
         if is_op(node, *ops) and (ops[0] is not aten.view.default or (t is not None and t.dim() == 3)):
+            if ops[0] is aten.view.default:
+                if (t4 := fake(node.args[0])) is None or t4.dim() != 4 or not all(
+                        _same(a, b) for a, b in zip(t.shape, (t4.shape[0] * t4.shape[1], *t4.shape[2:]))):
+                    return None, []  # (B, H·T, D) or another grouping: no (B·H)-row view
             chain.append(node)
             node = node.args[0]
     t = fake(node)
@@ -386,20 +390,24 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
         if not _read_baddbmm(mm1, scores):
             return None
         qk_operands = mm1.args[1:3]
-    (q, q_chain), (kt, kt_chain) = (_bmm_source(a) for a in qk_operands)
+    q_rows, c_rows, rows_own = _peel_rows(qk_operands[0])  # a scale, an upcast of 3-D q rows
+    (q, q_chain), (kt, kt_chain) = _bmm_source(q_rows), _bmm_source(qk_operands[1])
     v, v_chain = _bmm_source(mm2.args[1])
     k_direct = _transposed_rows(qk_operands[1]) if kt is None else None  # kᵀ of (B·H, T, D) rows
     if k_direct is not None:
-        kt, kt_chain = k_direct
+        kt, kt_chain, ck_rows = k_direct
+        c_rows *= ck_rows
     if q is None or kt is None or v is None:
         return None
     (q, cq, q_scale), (kt, ck, k_scale) = _scaled(q), _scaled(kt)
+    cq *= c_rows
+    q_chain = [*rows_own, *q_chain]
     if k_direct is None and not _swaps_last_two(kt):
         return None
     if scores.heads_bias is not None and not _same(fake(scores.heads_bias).shape[0],
                                                     fake(q).shape[0] * fake(q).shape[1]):
         return None  # the bias must be one (1|Tq, Tk) slice per batch and head
-    if t.dim() == 3 and not all(_heads_free(x) for x in (scores.mask, scores.drop)):
+    if t.dim() == 3 and not _masks_of_rows(scores, nodes, fake(q)):
         return None  # a per-(B·H) mask on 3-D scores is no (B|1, H|1, Tq, Tk) one
     scores.scale *= cq * ck
     product = y  # P·V as (B, H, Tq, D)
@@ -415,6 +423,32 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
            *nodes, *v_up, *v_chain,
            *([product] if product is not mm2 else []), *down, *scores.side, *scores.constants)
     return _Site(q, k, v, False, scores, tuple(dict.fromkeys(own)), y)
+
+
+def _masks_of_rows(scores: _Scores, chain: tuple[fx.Node, ...], tq: Any) -> bool:
+    """Whether the mask and the drop of (B·H, Tq, Tk) scores mean the same against the
+    (B, H, Tq, Tk) ones the kernel computes, read through a view that broadcasts one along
+    the rows (`m.unsqueeze(0).expand(B·H, Tq, Tk)`: its source kept in `scores`). A mask
+    is that when it is heads-free, or when it is applied to a 4-D view of the scores with q's
+    (B, H) as its leading dims (BART-style: `s.view(B, H, Tq, Tk) + mask`, viewed back)."""
+    for name in ("mask", "drop"):
+        x = getattr(scores, name)
+        if x is None:
+            continue
+        at = next((n for n in chain if x in n.args), None)
+        ts = fake(at) if at is not None else None
+        if ts is not None and ts.dim() == 4 and tq is not None and tq.dim() == 4 \
+                and _same(ts.shape[0], tq.shape[0]) and _same(ts.shape[1], tq.shape[1]):
+            continue  # a (B|1, H|1, Tq, Tk) mask of the 4-D scores
+        source, views = x, []
+        while is_op(source, aten.expand.default, aten.unsqueeze.default) and len(source.users) == 1:
+            views.append(source)
+            source = source.args[0]
+        if not _heads_free(source):
+            return False
+        setattr(scores, name, source)  # the kernel reads the rows' mask, not its broadcast
+        scores.side += views  # the site's own: nothing else reads them
+    return True
 
 
 def _heads_free(x: Any) -> bool:
@@ -446,15 +480,39 @@ def _read_baddbmm(mm: fx.Node, scores: _Scores) -> bool:
     return True
 
 
-def _transposed_rows(kt: Any) -> tuple[fx.Node, list[fx.Node]] | None:
-    """kᵀ as `k.reshape(B·H, T, D).transpose(-1, -2)` (BLOOM, XGLM): (the 4-D k, the nodes
-    between), else None."""
+def _transposed_rows(kt: Any) -> tuple[fx.Node, list[fx.Node], float] | None:
+    """kᵀ as `k.reshape(B·H, T, D).transpose(-1, -2)` (BLOOM, XGLM), the rows maybe scaled
+    or upcast (`_peel_rows`): (the 4-D k, the nodes between, the scale), else None."""
     t = fake(kt)
     if not is_op(kt, aten.transpose.int) or t is None or t.dim() != 3 \
-            or sorted(int(d) % 3 for d in kt.args[1:]) != [1, 2]:
+            or sorted(int(d) % 3 for d in kt.args[1:]) != [1, 2] or len(kt.users) != 1:
         return None
-    k, chain = _bmm_source(kt.args[0])
-    return (k, [kt, *chain]) if k is not None else None
+    rows, c, peeled = _peel_rows(kt.args[0])
+    k, chain = _bmm_source(rows)
+    return (k, [kt, *peeled, *chain], c) if k is not None else None
+
+
+def _peel_rows(x: Any) -> tuple[Any, float, list[fx.Node]]:
+    """(B·H, T, D) rows of q or k before a product by a constant and an upcast to fp32 from
+    fp16/bf16, in either order (`q3 * d**-0.5`, `q3.float()`): (the rows, the constant, the
+    nodes). The upcast is exact to drop: the kernel multiplies 16-bit q and k with fp32
+    accumulation (the output dtype is checked against q's after)."""
+    c, nodes = 1.0, []
+    for _ in range(2):
+        t = fake(x)
+        if t is None or t.dim() != 3:
+            break
+        src, cx, scaled = _scaled(x)
+        if scaled:
+            x, c, nodes = src, c * cx, [*nodes, *scaled]
+            continue
+        ts = fake(x.args[0]) if is_op(x, *CAST_OPS) else None
+        if ts is None or len(x.users) != 1 or t.dtype != torch.float32 \
+                or ts.dtype not in (torch.float16, torch.bfloat16):
+            break
+        nodes.append(x)
+        x = x.args[0]
+    return x, c, nodes
 
 
 def _scaled(x: Any) -> tuple[Any, float, list[fx.Node]]:
