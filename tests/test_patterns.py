@@ -679,6 +679,7 @@ def test_clean_path():
     # apply's entry calls the module, a local named model: paths as from the module's own trace
     assert clean_path("L['model'].layers.0.feed_forward") == "layers.0.feed_forward"
     assert clean_path("L['model']") == ""
+    assert clean_path("L['fn'].0") == "0"  # an nn.Sequential traced at the top
 
 
 # --- activations recognised by what they compute (patterns/activation.py spelled_activation)

@@ -102,8 +102,9 @@ def capture(model: torch.nn.Module, inputs: Inputs) -> Captured:
 
 
 # the traced frame's locals: the module itself (`self`; `model` in apply's entry, which
-# calls it) or the arguments it was handed
-_PREFIX = re.compile(r"^L\['(?:self|model|args|kwargs)'\](?:\[\d+\]|\['[^']*'\])?\.?")
+# calls it; `fn` where dynamo traces a module without a forward of its own code, as
+# nn.Sequential at the top) or the arguments it was handed
+_PREFIX = re.compile(r"^L\['(?:self|model|fn|args|kwargs)'\](?:\[\d+\]|\['[^']*'\])?\.?")
 _INDEX = re.compile(r"\[(\d+)\]")
 _MODULES = re.compile(r"_modules\['([^']+)'\]")
 
