@@ -234,9 +234,11 @@ class _HeadBatched(torch.nn.Module):
     softmax over 3-D scores, bmm by v. `mask`: "causal" a (T, T) additive mask, "fill" a
     (1, T, T) masked_fill, "none", "expanded" the (T, T) mask broadcast to the rows by
     unsqueeze + expand, "padding-4d" a per-batch (B, 1, 1, T) mask added to a 4-D view of
-    the scores (BART-style, viewed back), "scaled-rows" the scale on q's rows instead of the
-    scores; no site: "per-row" a (B·H, T, T) additive mask (no (B|1, H|1, T, T) one), and
-    "grouped" rows (B, H·T, D) (every head's keys in one softmax)."""
+    the scores (BART-style, viewed back), "floored" XGLM's: a causal mask added to the 4-D
+    view, then max(s, finfo.min), "scaled-rows" the scale on q's rows instead of the
+    scores; no site: "per-row" a (B·H, T, T) additive mask (no (B|1, H|1, T, T) one),
+    "grouped" rows (B, H·T, D) (every head's keys in one softmax), and "max-0" max(s, 0)
+    (it changes every negative score)."""
 
     def __init__(self, mask: str, d: int = 32, heads: int = 4):
         super().__init__()
@@ -257,6 +259,11 @@ class _HeadBatched(torch.nn.Module):
         elif self.mask == "padding-4d":  # batch 0's keys 2, 5, ... padded
             pad = ((torch.arange(t) % 3 == 2).float() * -1e4 * (torch.arange(b) == 0).float().view(b, 1, 1, 1))
             s = (s.view(b, h, t, t) + pad).view(b * h, t, t)
+        elif self.mask == "floored":
+            floor = torch.full((), torch.finfo(s.dtype).min)
+            s = torch.max(s.view(b, h, t, t) + torch.full((t, t), float("-inf")).triu(1), floor).view(b * h, t, t)
+        elif self.mask == "max-0":
+            s = torch.max(s, torch.zeros(()))
         elif self.mask in ("scaled-rows", "grouped"):
             pass
         elif self.mask == "fill":
@@ -268,8 +275,8 @@ class _HeadBatched(torch.nn.Module):
         return self.o(o.view(b, h, t, d).transpose(1, 2).reshape(b, t, c))
 
 
-@pytest.mark.parametrize("mask", ["causal", "fill", "none", "expanded", "padding-4d", "scaled-rows",
-                                  "per-row", "grouped"])
+@pytest.mark.parametrize("mask", ["causal", "fill", "none", "expanded", "padding-4d", "floored",
+                                  "scaled-rows", "per-row", "grouped", "max-0"])
 def test_softmax_over_head_batched_3d_scores_is_one_kernel(mask):
     torch.manual_seed(0)
     model = _HeadBatched(mask).eval()
@@ -278,5 +285,5 @@ def test_softmax_over_head_batched_3d_scores_is_one_kernel(mask):
         x = torch.randn(2, t, 32)
         assert max_violation(fast(x), model(x), tolerance(torch.float32, model=True)) <= 0
     row = next(r for r in fast.summary() if r["family"] == "attention")
-    none = mask in ("per-row", "grouped")
+    none = mask in ("per-row", "grouped", "max-0")
     assert (row["applied"] == 0 if none else row["applied"] >= 1) and not row["unfused"], row

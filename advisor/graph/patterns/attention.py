@@ -43,8 +43,8 @@ def _explicit_attention(softmax: fx.Node) -> tuple[fx.Node, ...] | None:
     → view → bmm on both sides of the softmax."""
     chain, node = [softmax], softmax.args[0]
     while is_op(node, aten.mul.Tensor, aten.div.Tensor, aten.add.Tensor, aten.sub.Tensor,
-                aten.tanh.default, aten.masked_fill.Scalar, aten.cat.default, *_WHERE, *_VIEWS,
-                *CAST_OPS):
+                aten.tanh.default, aten.masked_fill.Scalar, aten.cat.default, aten.maximum.default,
+                *_WHERE, *_VIEWS, *CAST_OPS):
         chain.append(node)
         node = scores_in(node)
     if not is_op(node, *MATMUL_OPS, aten.baddbmm.default):
@@ -557,6 +557,13 @@ def _read_scores(ops: list[fx.Node]) -> _Scores | None:
             out.side += stable
             i += 1
             continue
+        if is_op(n, aten.maximum.default):  # max(s, finfo.min) (XGLM): masked scores floored
+            floor, f_nodes = _constant(n.args[1])
+            if floor is None or floor > MASKED_FLOOR:
+                return None
+            out.constants += f_nodes
+            i += 1
+            continue
         if out.sinks is not None:
             return None  # a scale, cap or mask after the sink's column would change it
         if is_op(n, aten.cat.default):
@@ -594,6 +601,11 @@ def _read_scores(ops: list[fx.Node]) -> _Scores | None:
             return None
         i += 1
     return out
+
+
+# max(s, c) with c at most this (fp16's finfo.min and below) leaves every score a model
+# computes and floors only masked ones, which add nothing to a softmax either way
+MASKED_FLOOR = -6e4
 
 
 # What a finite drop (finfo.min, -1e9, fp16's -65504; scaled after the drop or not) becomes
