@@ -51,6 +51,27 @@ def test_mask_from_sizes_is_computed_once_per_length():
     assert memo(5) is kept  # a hit returns the kept tensors, no recompute
 
 
+def _late_size(x, table):  # x (T, D): positions read first, then a size computed after them
+    t = x.shape[0]
+    h = x + table[torch.arange(t)]  # the first read of a value from sizes alone
+    n = t + 1  # GPT-2's `T + past`, traced after its position embedding
+    keep = torch.arange(t)[:, None] < torch.arange(n)[None, 1:]  # (T, T): from sizes alone
+    return torch.where(keep, h[:, :1], 0.0)
+
+
+def test_sizes_computed_after_the_first_read_are_moved_up():
+    """The memo goes before the first reader of its outputs; integer arithmetic traced after
+    that reader moves up with it (it was no memo at all: GPT-2's causal mask, ~19 launches
+    a forward)."""
+    table = torch.randn(16, 4)
+    gm = _symbolic(_late_size, torch.randn(5, 4), table)
+    saved = memoize_shape_only(gm)
+    assert saved >= 4 and _count(gm, aten.arange.default) + _count(gm, aten.arange.start) == 0, gm.code
+    for t in (5, 3, 5):
+        x = torch.randn(t, 4)
+        torch.testing.assert_close(gm(x, table), _late_size(x, table))
+
+
 def test_written_random_uninitialised_and_data_dependent_values_stay():
     def f(x):
         t = x.shape[0]

@@ -227,6 +227,7 @@ class _Memo:
     sub: fx.Graph
     saved: int
     first_user: fx.Node
+    hoist: list[fx.Node]  # integer arithmetic after first_user that the memo reads: moved before it
 
 
 def _memo_of(graph: fx.Graph, region: dict[fx.Node, None]) -> _Memo | None:
@@ -243,9 +244,30 @@ def _memo_of(graph: fx.Graph, region: dict[fx.Node, None]) -> _Memo | None:
     needed = set(nodes)
     first_user = min((u for n in frontier for u in n.users if u not in needed),
                      key=order.__getitem__)
-    if ints and order[ints[-1]] >= order[first_user]:
-        return None  # an integer is computed after a frontier value is first read: keep as is
-    return _Memo(nodes, ints, frontier, sub, saved, first_user)
+    hoist = _late_integers(ints, first_user, order)
+    if hoist is None:
+        return None  # an integer read of a tensor computed after a frontier value is first read
+    return _Memo(nodes, ints, frontier, sub, saved, first_user, hoist)
+
+
+def _late_integers(ints: list[fx.Node], first_user: fx.Node,
+                   order: dict[fx.Node, int]) -> list[fx.Node] | None:
+    """The integer nodes at or after `first_user` that `ints` need (GPT-2: `T + past`, traced
+    after the position embedding reads the memo's first output), in graph order, when all
+    of them are integer arithmetic on placeholders and earlier nodes (pure, so they may move
+    up); None where one reads anything else."""
+    late: dict[fx.Node, None] = {}
+    work = [a for a in ints if order[a] >= order[first_user]]
+    while work:
+        n = work.pop()
+        if n in late:
+            continue
+        if n.op != "call_function" or not _is_int_like(n) or not (
+                _is_pure(n) or getattr(n.target, "__module__", None) in ("_operator", "operator")):
+            return None  # a Python operator on sizes (`T + past`) computes nothing else
+        late[n] = None
+        work += [a for a in n.all_input_nodes if order[a] >= order[first_user]]
+    return sorted(late, key=order.__getitem__)
 
 
 def memoized_region(graph: fx.Graph) -> dict[fx.Node, None]:
@@ -273,6 +295,8 @@ def memoize_shape_only(gm: fx.GraphModule) -> int:
     if cut is None:
         return 0
     nodes, ints, frontier, first_user = cut.nodes, cut.ints, cut.frontier, cut.first_user
+    for n in cut.hoist:  # in graph order: each after what it reads
+        first_user.prepend(n)
     needed = set(nodes)
     memo = ShapeMemo(fx.GraphModule(gm, cut.sub), len(frontier), cut.saved)
     with graph.inserting_before(first_user):
