@@ -70,6 +70,7 @@ def sequence_length(args: tuple, kwargs: dict) -> int:
 RECOMPILE_LIMIT = 64  # compiles of one apply's entry (`_entry`) before dynamo runs it eager
 _ENTRIES = itertools.count()
 _applies = 0  # entries made in this process (`_entry`)
+PER_APPLY = 16  # compiles one apply may add to a frame past a graph break (buckets x shapes)
 
 
 def _trace_config() -> Any:
@@ -79,13 +80,14 @@ def _trace_config() -> Any:
     specialisations each) before dynamo falls back to eager. Costs ~25 µs, so it wraps
     only calls that may trace — never CUDA-graph replays.
 
-    The limits grow with the applies made: frames past a graph break inside the model are
-    its class's own code, not the entry's, so every apply of that class adds its compiles
-    to one count there (each apply's backend is another, which dynamo counts as a
-    recompile); with a fixed limit, the applies past it ran those frames eager, unfused."""
+    The limits grow with the applies made (PER_APPLY each): frames past a graph break
+    inside the model are its class's own code, not the entry's, so every apply of that
+    class adds its compiles to one count there (each apply's backend is another, which
+    dynamo counts as a recompile); with a fixed limit, the applies past it ran those frames
+    eager, unfused. A recompile storm within one apply still stops near RECOMPILE_LIMIT."""
     cfg = torch._dynamo.config
     settings: dict[str, Any] = {k: True for k in ("specialize_float",) if hasattr(cfg, k)}
-    limit = RECOMPILE_LIMIT * (1 + _applies)
+    limit = RECOMPILE_LIMIT + PER_APPLY * _applies
     settings.update({k: limit for k in ("recompile_limit", "cache_size_limit") if hasattr(cfg, k)})
     settings.update({k: max(limit, getattr(cfg, k)) for k in ("accumulated_recompile_limit",
                                                               "accumulated_cache_size_limit")

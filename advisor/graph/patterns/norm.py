@@ -10,10 +10,10 @@ which is x / max(rms(x), ε/√D): RMSNorm with eps = ε²/D (x / √(rms² + ε
   x / (‖x‖₂ · D^-½).clamp(min=ε) [· w]   (x / max(rms(x), ε): eps = ε²)
 The max and the sum differ by a factor √(1 + ε²/‖x‖²) (up to ε²/2‖x‖², relative): 29% at
 ‖x‖ = ε, under 5e-5 past 100ε; a zero row is 0 in both. Only floors 0 < ε <= L2_FLOOR_MAX
-are read so (F.normalize's is 1e-12): rows of a model's activations are far from them. LayerNorm is aten's
-`native_layer_norm` (what F.layer_norm lowers to) or the same spelled out: the RMSNorm
-form above of d = x - mean(x, -1) (Cohere, hand-written models; d may be computed twice,
-once for the variance and once to normalise), then w·n and an optional + b. A residual
+are read so (F.normalize's is 1e-12): rows of a model's activations are far from them.
+LayerNorm is aten's `native_layer_norm` (what F.layer_norm lowers to) or the same spelled
+out: the RMSNorm form above of d = x - mean(x, -1) (Cohere, hand-written models; d may be
+computed twice, once for the variance and once to normalise), then w·n and an optional + b. A residual
 add `h = a + b` whose result is normalised (and read again later: the residual stream)
 makes it add+norm — also across layer boundaries, since the graph is the whole model.
 """
