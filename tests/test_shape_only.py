@@ -135,6 +135,21 @@ def test_transformers_prefill_mask_is_memoised_and_outputs_match():
     assert total["shape_only_memoized"] >= 10, total  # the mask's ~17 launches, per graph
 
 
+def test_gpt2_prefill_mask_is_memoised():
+    """GPT-2 computes `T + past` after its position embedding reads the arange the mask is
+    built from: the memo's integers came after its first reader, and it was no memo."""
+    from advisor.loader import build, load_model_file
+
+    mf = load_model_file("examples/gpt2_hf.py")
+    model = build(mf, torch.device("cpu"), torch.float32)
+    x = {"input_ids": ids(6)["input_ids"] % model.config.vocab_size, "use_cache": False}
+    ref = model(**x).logits
+    fast = apply(model, Plan(fusions=("add_layer_norm",)))
+    torch.testing.assert_close(fast(**x).logits, ref, rtol=1e-4, atol=1e-4)
+    total = [r for r in fast.summary() if r["family"] == "(all)"][0]
+    assert total["shape_only_memoized"] >= 10, total
+
+
 def test_decode_with_cache_positions_keeps_the_mask_live():
     """At decode the mask reads cache_position (a tensor input): not shape-only; each step's
     output must still equal eager's (a memoised mask would freeze the first step's)."""
