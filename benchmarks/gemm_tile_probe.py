@@ -109,22 +109,27 @@ def _site_rows(site, k, n, epilogue, kn, m, configs, deadline, dev, gen) -> list
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--sites", default="", help="comma-separated substrings of SITES' names (default: all)")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts, comma-separated")
     args = ap.parse_args()
-    slice_s = args.budget_s / (len(SITES) * len(ROWS))  # each (site, rows) its share
+    sites = {k: v for k, v in SITES.items()
+             if not args.sites or any(w in k for w in args.sites.split(","))}
+    rows_of = tuple(int(r) for r in args.rows.split(","))
+    slice_s = args.budget_s / (len(sites) * len(rows_of))  # each (site, rows) its share
     # every well-formed config runs as given: the grid is the question, not keep's answer
     gemm.SPACE = dataclasses.replace(gemm.SPACE, keep=lambda cfg, problem: True)
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     configs, rows = grid(), []
-    for site, (k, n, epilogue, kn) in SITES.items():
-        for m in ROWS:
+    for site, (k, n, epilogue, kn) in sites.items():
+        for m in rows_of:
             new = _site_rows(site, k, n, epilogue, kn, m, configs, time.monotonic() + slice_s, dev, gen)
             rows += new
             best = min((r for r in new if isinstance(r["config"], dict) and r.get("ok")),
                        key=lambda r: r["us"], default={"us": float("nan"), "config": None})
             print(f"{site} M={m}: cuBLAS + op {new[0]['us']:.1f} us, default {new[1]['us']:.1f} "
                   f"(ok {new[1]['ok']}), best {best['us']:.1f} {best['config']}", flush=True)
-    payload = header(dev, dtype="bfloat16", shapes=f"{SITES}, rows {ROWS}")
+    payload = header(dev, dtype="bfloat16", shapes=f"{sites}, rows {rows_of}")
     payload.update(grid_size=len(configs), rows=rows)
     print(write("gemm-tile-probe.json", payload))
 

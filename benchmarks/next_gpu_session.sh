@@ -240,6 +240,7 @@ sweep)  # benchmarks/family_sweep.py over every causal-LM family (SWEEP_FAMILIES
   echo "sweep rc=$?"; grep -v '"ok"' "$OUT/sweep.log" | grep -v unbuilt | cut -c1-300; tail -1 "$OUT/sweep.log" ;;
 gemmtiles)  # benchmarks/gemm_tile_probe.py: tiles and split-K at 128/512 rows, narrow N (session 32)
   timeout ${TILES_S:-330} python3 benchmarks/gemm_tile_probe.py --budget-s $(( ${TILES_S:-330} - 60 )) \
+    ${TILE_SITES:+--sites $TILE_SITES} ${TILE_ROWS:+--rows $TILE_ROWS} \
     > "$OUT/gemm-tile-probe.log" 2>&1
   echo "gemmtiles rc=$?"; grep " M=" "$OUT/gemm-tile-probe.log" | cut -c1-300 ;;
 gpt2)  # a second family end to end: Conv1D epilogues, LayerNorm, attention (session 31)
