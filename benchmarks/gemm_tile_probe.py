@@ -129,9 +129,11 @@ def main() -> None:
                        key=lambda r: r["us"], default={"us": float("nan"), "config": None})
             print(f"{site} M={m}: cuBLAS + op {new[0]['us']:.1f} us, default {new[1]['us']:.1f} "
                   f"(ok {new[1]['ok']}), best {best['us']:.1f} {best['config']}", flush=True)
-    payload = header(dev, dtype="bfloat16", shapes=f"{sites}, rows {rows_of}")
-    payload.update(grid_size=len(configs), rows=rows)
-    print(write("gemm-tile-probe.json", payload))
+            # written after every (site, rows): a run cut short keeps what it timed
+            payload = header(dev, dtype="bfloat16", shapes=f"{sites}, rows {rows_of}")
+            payload.update(grid_size=len(configs), rows=rows)
+            path = write("gemm-tile-probe.json", payload)
+    print(path)
 
 
 if __name__ == "__main__":
