@@ -426,31 +426,6 @@ def test_confirmations_at_once_inside_a_real_trace(monkeypatch):
     assert all(not unfused for _, _, unfused in sites[8]) and sum(n for _, n, _ in sites[8]) > 8
 
 
-def test_many_applies_of_one_class_each_compile_their_own(monkeypatch):
-    """Each apply compiles its own entry: compiling the module shared its class's forward
-    code, and so one recompile limit, across every model of that class in the process;
-    past it dynamo ran the forward eager, unfused, and nothing said so."""
-    import advisor.runtime.apply as apply_module
-
-    monkeypatch.setattr(apply_module, "RECOMPILE_LIMIT", 2)
-
-    class Norm(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.rand(16) + 0.5)
-
-        def forward(self, x):
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
-
-    x = torch.randn(2, 3, 16)
-    for _ in range(4):  # twice the limit
-        model = Norm()
-        fast = apply(model, Plan(("rms_norm",)))
-        torch.testing.assert_close(fast(x), model(x))
-        rows = {r["family"]: r for r in fast.summary()}
-        assert rows["rms_norm"]["applied"] == 1 and rows["(all)"]["compiles"] == 1, rows
-
-
 class _Norm(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -458,6 +433,22 @@ class _Norm(torch.nn.Module):
 
     def forward(self, x):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+
+
+def test_many_applies_of_one_class_each_compile_their_own(monkeypatch):
+    """Each apply compiles its own entry: compiling the module shared its class's forward
+    code, and so one recompile limit, across every model of that class in the process;
+    past it dynamo ran the forward eager, unfused, and nothing said so."""
+    import advisor.runtime.apply as apply_module
+
+    monkeypatch.setattr(apply_module, "RECOMPILE_LIMIT", 2)
+    x = torch.randn(2, 3, 16)
+    for _ in range(4):  # twice the limit
+        model = _Norm()
+        fast = apply(model, Plan(("rms_norm",)))
+        torch.testing.assert_close(fast(x), model(x))
+        rows = {r["family"]: r for r in fast.summary()}
+        assert rows["rms_norm"]["applied"] == 1 and rows["(all)"]["compiles"] == 1, rows
 
 
 class _Broken(torch.nn.Module):
