@@ -235,7 +235,7 @@ class _HeadBatched(torch.nn.Module):
     (1, T, T) masked_fill, "none", "expanded" the (T, T) mask broadcast to the rows by
     unsqueeze + expand, "padding-4d" a per-batch (B, 1, 1, T) mask added to a 4-D view of
     the scores (BART-style, viewed back), "floored" XGLM's: a causal mask added to the 4-D
-    view, then max(s, finfo.min), "scaled-rows" the scale on q's rows instead of the
+    view, then max(s, finfo.min) ("clamped": s.clamp(min=finfo.min)), "scaled-rows" the scale on q's rows instead of the
     scores; no site: "per-row" a (B·H, T, T) additive mask (no (B|1, H|1, T, T) one),
     "grouped" rows (B, H·T, D) (every head's keys in one softmax), and "max-0" max(s, 0)
     (it changes every negative score)."""
@@ -262,6 +262,8 @@ class _HeadBatched(torch.nn.Module):
         elif self.mask == "floored":
             floor = torch.full((), torch.finfo(s.dtype).min)
             s = torch.max(s.view(b, h, t, t) + torch.full((t, t), float("-inf")).triu(1), floor).view(b * h, t, t)
+        elif self.mask == "clamped":
+            s = (s + torch.full((t, t), float("-inf")).triu(1)).clamp(min=torch.finfo(s.dtype).min)
         elif self.mask == "max-0":
             s = torch.max(s, torch.zeros(()))
         elif self.mask in ("scaled-rows", "grouped"):
@@ -276,7 +278,7 @@ class _HeadBatched(torch.nn.Module):
 
 
 @pytest.mark.parametrize("mask", ["causal", "fill", "none", "expanded", "padding-4d", "floored",
-                                  "scaled-rows", "per-row", "grouped", "max-0"])
+                                  "clamped", "scaled-rows", "per-row", "grouped", "max-0"])
 def test_softmax_over_head_batched_3d_scores_is_one_kernel(mask):
     torch.manual_seed(0)
     model = _HeadBatched(mask).eval()

@@ -43,7 +43,7 @@ def _explicit_attention(softmax: fx.Node) -> tuple[fx.Node, ...] | None:
     → view → bmm on both sides of the softmax."""
     chain, node = [softmax], softmax.args[0]
     while is_op(node, aten.mul.Tensor, aten.div.Tensor, aten.add.Tensor, aten.sub.Tensor,
-                aten.tanh.default, aten.masked_fill.Scalar, aten.cat.default, aten.maximum.default,
+                aten.tanh.default, aten.masked_fill.Scalar, aten.cat.default, *_FLOORS,
                 *_WHERE, *_VIEWS, *CAST_OPS):
         chain.append(node)
         node = scores_in(node)
@@ -557,10 +557,11 @@ def _read_scores(ops: list[fx.Node]) -> _Scores | None:
             out.side += stable
             i += 1
             continue
-        if is_op(n, aten.maximum.default):  # max(s, finfo.min) (XGLM): masked scores floored
-            floor, f_nodes = _constant(n.args[1])
-            if floor is None or floor > MASKED_FLOOR:
-                return None
+        if is_op(n, *_FLOORS):  # max(s, finfo.min) (XGLM), s.clamp(min=…): masked scores floored
+            floor, f_nodes = _constant(n.args[1]) if len(n.args) > 1 else (None, [])
+            if floor is None or floor > MASKED_FLOOR or n.kwargs or (
+                    is_op(n, aten.clamp.default) and len(n.args) > 2 and n.args[2] is not None):
+                return None  # no floor, one that changes real scores, or a ceiling too
             out.constants += f_nodes
             i += 1
             continue
@@ -603,9 +604,10 @@ def _read_scores(ops: list[fx.Node]) -> _Scores | None:
     return out
 
 
-# max(s, c) with c at most this (fp16's finfo.min and below) leaves every score a model
-# computes and floors only masked ones, which add nothing to a softmax either way
+# max(s, c) (or a clamp with min c) with c at most this (fp16's finfo.min and below) leaves
+# every score a model computes and floors only masked ones, which add nothing to a softmax
 MASKED_FLOOR = -6e4
+_FLOORS = (aten.maximum.default, aten.clamp_min.default, aten.clamp.default)
 
 
 # What a finite drop (finfo.min, -1e9, fp16's -65504; scaled after the drop or not) becomes
