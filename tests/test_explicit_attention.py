@@ -289,3 +289,6 @@ def test_softmax_over_head_batched_3d_scores_is_one_kernel(mask):
     row = next(r for r in fast.summary() if r["family"] == "attention")
     none = mask in ("per-row", "grouped", "max-0")
     assert (row["applied"] == 0 if none else row["applied"] >= 1) and not row["unfused"], row
+    # a softmax no pattern read is named, by module, in the summary
+    left = next(r for r in fast.summary() if r["family"] == "(all)")["softmax_left"]
+    assert left == (["(top)"] if none else []), left  # the model's own forward holds it

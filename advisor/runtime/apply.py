@@ -288,6 +288,8 @@ class AdvisedModel(torch.nn.Module):
                 "shape_only_memoized": sum(r.shape_only_memoized for r in state.reports),
                 "causal_sdpa": sum(r.causal_sdpa for r in state.reports),
                 "outputs_outside_graph": sum(r.outputs_outside_graph for r in state.reports),
+                # softmaxes no attention pattern read, by module (attention fusion on)
+                "softmax_left": sorted({m for r in state.reports for m in r.softmax_left}),
                 # the bucket's first call (cold start); the rewrites' and confirmations'
                 # host time, summed over every compile of the bucket (a later length's
                 # recompile too); the first call less its trace and rewrite is warm-ups,

@@ -28,12 +28,13 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from advisor.errors import one_line
 from advisor.graph.canonical import canonicalize
-from advisor.graph.capture import fake, hint
+from advisor.graph.capture import fake, hint, module_path
 from advisor.graph.cse import eliminate_common_subexpressions
 from advisor.graph.dce import eliminate_dead, removable
 from advisor.graph.inplace import batch_input_increments
-from advisor.graph.match import Match, launches
+from advisor.graph.match import Match, is_op, launches
 from advisor.graph.patterns import find_all
+from advisor.graph.patterns.attention import SOFTMAX_OPS
 from advisor.graph.shape_only import memoize_shape_only
 from advisor.kernels._triton import interpreting
 from advisor.kernels.registry import all_kernels
@@ -81,6 +82,9 @@ class RewriteReport:
     seconds: float = 0.0  # host time of the whole rewrite (part of a first call's cold start)
     confirm_seconds: float = 0.0  # of which confirming sites (their kernels' first compiles too)
     identity_copies_dropped: int = 0  # clones (eval dropout) and cats of one value (graph/copies.py)
+    # modules of softmaxes left in the graph while attention fusion was on: attention (or a
+    # router) in a spelling no pattern reads — a user's cue where fusion stopped
+    softmax_left: tuple[str, ...] = ()
 
 
 # Building a site's graphs infers each new node's fake value under the trace's one
@@ -429,7 +433,15 @@ def rewrite(gm: fx.GraphModule, params: Mapping[str, str], plan: Plan,
     return RewriteReport(tuple(results), before, _count_launches(gm), tuple(merged),
                          canonical.in_place_writes, repeats, increments, memoized, causal_sdpa, outside,
                          time.perf_counter() - start, confirming,
-                         canonical.identity_copies_dropped)
+                         canonical.identity_copies_dropped, _softmax_left(gm, plan))
+
+
+def _softmax_left(gm: fx.GraphModule, plan: Plan) -> tuple[str, ...]:
+    """Modules of the softmaxes still in `gm` when the plan fuses attention (sorted, once
+    each); () when it does not."""
+    if not {"attention", "attention_rope"} & set(plan.fusions):
+        return ()
+    return tuple(sorted({module_path(n) or "(top)" for n in gm.graph.nodes if is_op(n, *SOFTMAX_OPS)}))
 
 
 def _to_try(m: Match, plan: Plan, tried: set) -> bool:
