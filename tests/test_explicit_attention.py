@@ -237,8 +237,11 @@ class _HeadBatched(torch.nn.Module):
     the scores (BART-style, viewed back), "floored" XGLM's: a causal mask added to the 4-D
     view, then max(s, finfo.min) ("clamped": s.clamp(min=finfo.min)), "scaled-rows" the scale on q's rows instead of the
     scores; no site: "per-row" a (B·H, T, T) additive mask (no (B|1, H|1, T, T) one),
-    "grouped" rows (B, H·T, D) (every head's keys in one softmax), and "max-0" max(s, 0)
-    (it changes every negative score)."""
+    "grouped" rows (B, H·T, D) (every head's keys in one softmax), "max-0" max(s, 0)
+    (it changes every negative score), "floored-inf" a -inf additive mask floored (a row
+    of only masked keys is uniform in eager: no site unless the mask is finite by
+    construction; "floored-drop" a -inf masked_fill then the floor is one, read as a
+    finite drop), and "per-row-keys" a (B·H, Tk) bias unsqueezed to (B·H, 1, Tk)."""
 
     def __init__(self, mask: str, d: int = 32, heads: int = 4):
         super().__init__()
@@ -259,11 +262,19 @@ class _HeadBatched(torch.nn.Module):
         elif self.mask == "padding-4d":  # batch 0's keys 2, 5, ... padded
             pad = ((torch.arange(t) % 3 == 2).float() * -1e4 * (torch.arange(b) == 0).float().view(b, 1, 1, 1))
             s = (s.view(b, h, t, t) + pad).view(b * h, t, t)
-        elif self.mask == "floored":
-            floor = torch.full((), torch.finfo(s.dtype).min)
-            s = torch.max(s.view(b, h, t, t) + torch.full((t, t), float("-inf")).triu(1), floor).view(b * h, t, t)
+        elif self.mask in ("floored", "floored-inf", "floored-drop"):
+            floor, low = torch.full((), torch.finfo(s.dtype).min), torch.finfo(s.dtype).min
+            s4 = s.view(b, h, t, t)
+            if self.mask == "floored-drop":  # causal, and batch 0's first 3 keys padded: its
+                pad = (torch.arange(b) == 0).view(b, 1, 1, 1) & (torch.arange(t) < 3)  # rows 0-2
+                s4 = s4.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1) | pad, float("-inf"))
+            else:  # XGLM's finfo.min mask; a -inf one may make rows of only -inf: no site
+                s4 = s4 + torch.full((t, t), float("-inf") if self.mask == "floored-inf" else low).triu(1)
+            s = torch.max(s4, floor).view(b * h, t, t)
         elif self.mask == "clamped":
-            s = (s + torch.full((t, t), float("-inf")).triu(1)).clamp(min=torch.finfo(s.dtype).min)
+            s = (s + torch.full((t, t), torch.finfo(s.dtype).min).triu(1)).clamp(min=torch.finfo(s.dtype).min)
+        elif self.mask == "per-row-keys":  # a (B·H, Tk) key bias by unsqueeze(1): per row
+            s = s + (torch.arange(b * h * t).view(b * h, t) % 3 == 0).float().mul(-1e4).unsqueeze(1)
         elif self.mask == "max-0":
             s = torch.max(s, torch.zeros(()))
         elif self.mask in ("scaled-rows", "grouped"):
@@ -278,7 +289,8 @@ class _HeadBatched(torch.nn.Module):
 
 
 @pytest.mark.parametrize("mask", ["causal", "fill", "none", "expanded", "padding-4d", "floored",
-                                  "clamped", "scaled-rows", "per-row", "grouped", "max-0"])
+                                  "floored-drop", "clamped", "scaled-rows", "per-row", "grouped", "max-0",
+                                  "floored-inf", "per-row-keys"])
 def test_softmax_over_head_batched_3d_scores_is_one_kernel(mask):
     torch.manual_seed(0)
     model = _HeadBatched(mask).eval()
@@ -287,7 +299,7 @@ def test_softmax_over_head_batched_3d_scores_is_one_kernel(mask):
         x = torch.randn(2, t, 32)
         assert max_violation(fast(x), model(x), tolerance(torch.float32, model=True)) <= 0
     row = next(r for r in fast.summary() if r["family"] == "attention")
-    none = mask in ("per-row", "grouped", "max-0")
+    none = mask in ("per-row", "grouped", "max-0", "floored-inf", "per-row-keys")
     assert (row["applied"] == 0 if none else row["applied"] >= 1) and not row["unfused"], row
     # a softmax no pattern read is named, by module, in the summary
     left = next(r for r in fast.summary() if r["family"] == "(all)")["softmax_left"]

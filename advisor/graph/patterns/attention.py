@@ -428,7 +428,9 @@ def _explicit_site(softmax: fx.Node) -> _Site | None:
 def _masks_of_rows(scores: _Scores, chain: tuple[fx.Node, ...], tq: Any) -> bool:
     """Whether the mask and the drop of (B·H, Tq, Tk) scores mean the same against the
     (B, H, Tq, Tk) ones the kernel computes, read through a view that broadcasts one along
-    the rows (`m.unsqueeze(0).expand(B·H, Tq, Tk)`: its source kept in `scores`). A mask
+    the rows (`m.unsqueeze(0).expand(B·H, Tq, Tk)`: the (1, Tq, Tk) before the expand kept in
+    `scores`; an expand other nodes read too, as CSE leaves one shared by layers, is no
+    site: the site would have to own it). A mask
     is that when it is heads-free, or when it is applied to a 4-D view of the scores with q's
     (B, H) as its leading dims (BART-style: `s.view(B, H, Tq, Tk) + mask`, viewed back)."""
     for name in ("mask", "drop"):
@@ -441,9 +443,9 @@ def _masks_of_rows(scores: _Scores, chain: tuple[fx.Node, ...], tq: Any) -> bool
                 and _same(ts.shape[0], tq.shape[0]) and _same(ts.shape[1], tq.shape[1]):
             continue  # a (B|1, H|1, Tq, Tk) mask of the 4-D scores
         source, views = x, []
-        while is_op(source, aten.expand.default, aten.unsqueeze.default) and len(source.users) == 1:
-            views.append(source)
-            source = source.args[0]
+        while is_op(source, aten.expand.default) and len(source.users) == 1:
+            views.append(source)  # the broadcast along the rows; what it broadcasts must be
+            source = source.args[0]  # (1, Tq|1, Tk|1) or <= 2-D: unsqueeze(1) of (B·H, Tk) is not
         if not _heads_free(source):
             return False
         setattr(scores, name, source)  # the kernel reads the rows' mask, not its broadcast
@@ -562,6 +564,12 @@ def _read_scores(ops: list[fx.Node]) -> _Scores | None:
             if floor is None or floor > MASKED_FLOOR or n.kwargs or (
                     is_op(n, aten.clamp.default) and len(n.args) > 2 and n.args[2] is not None):
                 return None  # no floor, one that changes real scores, or a ceiling too
+            # a row whose every key is masked is then all floor: uniform. So it is in the
+            # kernel for a finite mask and for a drop by DROPPED, not for a -inf mask
+            if out.mask is not None and not _finite_values(out.mask):
+                return None
+            if out.drop is not None:
+                out.drop_value = DROPPED
             out.constants += f_nodes
             i += 1
             continue
@@ -602,6 +610,28 @@ def _read_scores(ops: list[fx.Node]) -> _Scores | None:
             return None
         i += 1
     return out
+
+
+def _finite_values(x: Any, depth: int = 0) -> bool:
+    """Whether x's values are finite by construction: a finite constant, zeros / ones /
+    full of one, where / masked_fill choosing between finite values (HF's additive masks:
+    where(keep, 0, finfo.min)), through views and casts."""
+    if depth > 12:
+        return False
+    if _constant(x)[0] is not None:
+        return math.isfinite(_constant(x)[0])
+    if is_op(x, aten.zeros.default, aten.ones.default, aten.zeros_like.default, aten.ones_like.default):
+        return True
+    if is_op(x, aten.full.default):
+        return math.isfinite(float(x.args[1]))
+    if is_op(x, *_VIEWS, *CAST_OPS, aten.unsqueeze.default, aten.slice.Tensor, aten.clone.default,
+             aten.reshape.default, aten.triu.default, aten.tril.default):  # values of x, or 0
+        return _finite_values(x.args[0], depth + 1)
+    if is_op(x, aten.where.self):
+        return all(_finite_values(a, depth + 1) for a in x.args[1:3])
+    if is_op(x, aten.masked_fill.Scalar):
+        return math.isfinite(float(x.args[2])) and _finite_values(x.args[0], depth + 1)
+    return False
 
 
 # max(s, c) (or a clamp with min c) with c at most this (fp16's finfo.min and below) leaves
