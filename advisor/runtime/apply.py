@@ -84,10 +84,13 @@ def _trace_config() -> Any:
     inside the model are its class's own code, not the entry's, so every apply of that
     class adds its compiles to one count there (each apply's backend is another, which
     dynamo counts as a recompile); with a fixed limit, the applies past it ran those frames
-    eager, unfused. A recompile storm within one apply still stops near RECOMPILE_LIMIT."""
+    eager, unfused. They grow with the backends dynamo holds (until torch._dynamo.reset(),
+    which the tuner calls between trials), so a recompile storm within one apply stops near
+    RECOMPILE_LIMIT in a fresh state, and later by PER_APPLY per backend still held."""
     cfg = torch._dynamo.config
     settings: dict[str, Any] = {k: True for k in ("specialize_float",) if hasattr(cfg, k)}
-    limit = RECOMPILE_LIMIT + PER_APPLY * _applies
+    held = getattr(torch._dynamo.eval_frame, "cached_backends", None)
+    limit = RECOMPILE_LIMIT + PER_APPLY * (len(held) if isinstance(held, dict) else _applies)
     settings.update({k: limit for k in ("recompile_limit", "cache_size_limit") if hasattr(cfg, k)})
     settings.update({k: max(limit, getattr(cfg, k)) for k in ("accumulated_recompile_limit",
                                                               "accumulated_cache_size_limit")
