@@ -612,25 +612,41 @@ def _read_scores(ops: list[fx.Node]) -> _Scores | None:
     return out
 
 
-def _finite_values(x: Any, depth: int = 0) -> bool:
-    """Whether x's values are finite by construction: a finite constant, zeros / ones /
-    full of one, where / masked_fill choosing between finite values (HF's additive masks:
-    where(keep, 0, finfo.min)), through views and casts."""
+def _finite_values(x: Any, depth: int = 0, into: Any = None) -> bool:
+    """Whether x's values are finite by construction: a constant, zeros / ones / full of
+    one, where / masked_fill choosing between such values (HF's additive masks: where(keep,
+    0, finfo.min)), through views and casts that do not narrow the range — each constant
+    within the range of the dtype it is written in (`into`: the reader's, for a where's
+    scalars: fp32's finfo.min written into fp16 is -inf)."""
+    t = fake(x) if isinstance(x, fx.Node) else None
+    dtype = t.dtype if t is not None else into
+
+    def fits(c: Any) -> bool:
+        c = _number(c) if not isinstance(c, fx.Node) else _constant(c)[0]
+        return c is not None and math.isfinite(c) and (
+            not isinstance(dtype, torch.dtype) or not dtype.is_floating_point
+            or abs(c) <= torch.finfo(dtype).max)
+
     if depth > 12:
         return False
-    if _constant(x)[0] is not None:
-        return math.isfinite(_constant(x)[0])
     if is_op(x, aten.zeros.default, aten.ones.default, aten.zeros_like.default, aten.ones_like.default):
         return True
+    if not isinstance(x, fx.Node) or is_op(x, aten.scalar_tensor.default, aten.lift_fresh_copy.default):
+        return fits(x)
     if is_op(x, aten.full.default):
-        return math.isfinite(float(x.args[1]))
-    if is_op(x, *_VIEWS, *CAST_OPS, aten.unsqueeze.default, aten.slice.Tensor, aten.clone.default,
+        return fits(x.args[1])
+    if is_op(x, *CAST_OPS):
+        src = fake(x.args[0])
+        return (src is not None and t is not None and src.dtype.is_floating_point
+                and t.dtype.is_floating_point and torch.finfo(src.dtype).max <= torch.finfo(t.dtype).max
+                and _finite_values(x.args[0], depth + 1))
+    if is_op(x, *_VIEWS, aten.unsqueeze.default, aten.slice.Tensor, aten.clone.default,
              aten.reshape.default, aten.triu.default, aten.tril.default):  # values of x, or 0
         return _finite_values(x.args[0], depth + 1)
     if is_op(x, aten.where.self):
-        return all(_finite_values(a, depth + 1) for a in x.args[1:3])
+        return all(_finite_values(a, depth + 1, dtype) for a in x.args[1:3])
     if is_op(x, aten.masked_fill.Scalar):
-        return math.isfinite(float(x.args[2])) and _finite_values(x.args[0], depth + 1)
+        return fits(x.args[2]) and _finite_values(x.args[0], depth + 1)
     return False
 
 
