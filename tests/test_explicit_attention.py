@@ -304,3 +304,30 @@ def test_softmax_over_head_batched_3d_scores_is_one_kernel(mask):
     # a softmax no pattern read is named, by module, in the summary
     left = next(r for r in fast.summary() if r["family"] == "(all)")["softmax_left"]
     assert left == (["(top)"] if none else []), left  # the model's own forward holds it
+
+
+def test_an_fp16_floor_is_no_site():
+    """XGLM's max(s, finfo.min) in fp16: -65504 does not swamp s in the kernel's fp32, so a
+    row of only masked keys (left padding) would be softmax(s) there and uniform in eager."""
+    class Floored(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(32, 96, bias=False)
+
+        def forward(self, x, pad):
+            b, t, c = x.shape
+            q, k, v = (y.view(b, t, 4, 8).transpose(1, 2).reshape(b * 4, t, 8) for y in self.qkv(x).split(c, -1))
+            s = torch.bmm(q, k.transpose(1, 2)) * 8 ** -0.5
+            keep = ~(pad[:, None, None, :] | torch.ones(t, t, dtype=torch.bool).triu(1))
+            low = torch.finfo(x.dtype).min
+            mask = torch.where(keep, torch.zeros((), dtype=x.dtype), torch.scalar_tensor(low, dtype=x.dtype))
+            s = torch.max(s.view(b, 4, t, t) + mask, torch.full((), low, dtype=s.dtype)).view(b * 4, t, t)
+            return torch.bmm(torch.softmax(s.float(), -1).to(v.dtype), v).view(b, 4, t, 8)
+
+    model = Floored().half().eval()
+    x, pad = torch.randn(2, 8, 32).half(), torch.zeros(2, 8, dtype=torch.bool)
+    pad[0, :3] = True  # batch 0's first 3 queries see only padded keys
+    fast = apply(model, Plan(("attention",)))
+    torch.testing.assert_close(fast(x, pad), model(x, pad))
+    row = next(r for r in fast.summary() if r["family"] == "attention")
+    assert row["applied"] == 0 and not row["unfused"], row

@@ -619,13 +619,12 @@ def _finite_values(x: Any, depth: int = 0, into: Any = None) -> bool:
     within the range of the dtype it is written in (`into`: the reader's, for a where's
     scalars: fp32's finfo.min written into fp16 is -inf)."""
     t = fake(x) if isinstance(x, fx.Node) else None
-    dtype = t.dtype if t is not None else into
+    dtypes = [d for d in (t.dtype if t is not None else None, into)
+              if isinstance(d, torch.dtype) and d.is_floating_point]
 
     def fits(c: Any) -> bool:
         c = _number(c) if not isinstance(c, fx.Node) else _constant(c)[0]
-        return c is not None and math.isfinite(c) and (
-            not isinstance(dtype, torch.dtype) or not dtype.is_floating_point
-            or abs(c) <= torch.finfo(dtype).max)
+        return c is not None and math.isfinite(c) and all(abs(c) <= torch.finfo(d).max for d in dtypes)
 
     if depth > 12:
         return False
@@ -644,15 +643,18 @@ def _finite_values(x: Any, depth: int = 0, into: Any = None) -> bool:
              aten.reshape.default, aten.triu.default, aten.tril.default):  # values of x, or 0
         return _finite_values(x.args[0], depth + 1)
     if is_op(x, aten.where.self):
-        return all(_finite_values(a, depth + 1, dtype) for a in x.args[1:3])
+        return all(_finite_values(a, depth + 1, t.dtype if t is not None else into) for a in x.args[1:3])
     if is_op(x, aten.masked_fill.Scalar):
         return fits(x.args[2]) and _finite_values(x.args[0], depth + 1)
     return False
 
 
-# max(s, c) (or a clamp with min c) with c at most this (fp16's finfo.min and below) leaves
-# every score a model computes and floors only masked ones, which add nothing to a softmax
-MASKED_FLOOR = -6e4
+# max(s, c) (or a clamp with min c) with c at most this (fp32's and bf16's finfo.min) leaves
+# every score a model computes and floors only masked ones, which add nothing to a softmax;
+# a row of only masked keys is then all c in eager, and all c in the kernel too, since
+# s + c rounds to c in fp32. fp16's finfo.min (-65504) does not swamp s in the kernel's fp32
+# (eager's fp16 rounds it away): no site
+MASKED_FLOOR = -1e30
 _FLOORS = (aten.maximum.default, aten.clamp_min.default, aten.clamp.default)
 
 
