@@ -80,7 +80,7 @@ from advisor.kernels.gated_act import (
     launch_gated_act,
 )
 from advisor.kernels.gated_act import reference as gated_act_reference
-from advisor.kernels.norm import rms_norm_reference
+from advisor.kernels.norm import launch_layer_norm, layer_norm_reference, rms_norm_reference
 from advisor.kernels.registry import KernelSpec, register
 from advisor.kernels.space import Config, ConfigSpace, Problem, decode
 from advisor.kernels.testing import randn_nonzero
@@ -153,6 +153,18 @@ def reference_rmsnorm_swiglu(x, norm_w, w_gu, eps: float, weight_offset: float,
 def unfused_rmsnorm(x, norm_w, w, eps: float, weight_offset: float) -> torch.Tensor:
     """HF-style RMSNorm (fp32 inside, rounded to x's dtype), then the GEMM in x's dtype."""
     return F.linear(_hf_rms_norm(x, norm_w, eps, weight_offset), w)
+
+
+def unfused_layernorm(x, norm_w, norm_b, w, bias, eps: float, activation: str = "none") -> torch.Tensor:
+    """Eager LayerNorm (x's dtype out), then the GEMM (+ bias) and activation in x's dtype."""
+    return unfused(F.layer_norm(x, (x.shape[-1],), norm_w, norm_b, eps), w, bias, None, activation)
+
+
+def reference_layernorm(x, norm_w, norm_b, w, bias, eps: float, activation: str = "none") -> torch.Tensor:
+    """act(layer_norm(x)·Wᵀ + b) with the normalised x kept in fp32 (not rounded), cast once."""
+    normed = F.layer_norm(x.float(), (x.shape[-1],), None if norm_w is None else norm_w.float(),
+                          None if norm_b is None else norm_b.float(), eps)  # (..., K) fp32
+    return reference(normed, w, bias, None, activation).to(x.dtype)
 
 
 def reference_rmsnorm(x, norm_w, w, eps: float, weight_offset: float) -> torch.Tensor:
@@ -410,13 +422,45 @@ def _gemv_w(w_rows, kk, K, N, stride_wn, stride_wk, GATED: tl.constexpr, MASKED:
 
 
 @triton.jit
-def _gemv_update(acc, up, sq, a, b, bu, G, kk, K, weight_offset, NORM: tl.constexpr,
-                 GATED: tl.constexpr, SPLIT_K: tl.constexpr, ONE_ROW: tl.constexpr):
-    """One K-step: Σx² (NORM, unsplit K), x·diag(g + offset) (NORM), acc (and up) += x·Wᵀ."""
+def _gemv_row_stats(x_rows, row_ok, K, stride_xk, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """LayerNorm's mean and rsqrt(var + eps) of each row of x over all of K, each (BM, 1)
+    fp32: two passes over x (M <= 4 rows, L2-resident), the variance of the centred values
+    (no E[x²] - mean² cancellation), biased as torch's."""
+    s = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        kk = k + tl.arange(0, BLOCK_K)
+        s += tl.load(x_rows + kk[None, :] * stride_xk, mask=row_ok & (kk < K)[None, :],
+                     other=0.0).to(tl.float32)
+    mean = (tl.sum(s, axis=1) / K)[:, None]  # (BM, 1)
+    d2 = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        kk = k + tl.arange(0, BLOCK_K)
+        ok = row_ok & (kk < K)[None, :]
+        v = tl.load(x_rows + kk[None, :] * stride_xk, mask=ok, other=0.0).to(tl.float32)
+        d = tl.where(ok, v - mean, 0.0)
+        d2 += d * d
+    return mean, tl.rsqrt(tl.sum(d2, axis=1) / K + eps)[:, None]
+
+
+@triton.jit
+def _gemv_update(acc, up, sq, a, b, bu, G, BETA, mean, rstd, kk, K, weight_offset,
+                 NORM: tl.constexpr, CENTER: tl.constexpr, HAS_G: tl.constexpr,
+                 HAS_BETA: tl.constexpr, GATED: tl.constexpr, SPLIT_K: tl.constexpr,
+                 ONE_ROW: tl.constexpr):
+    """One K-step: Σx² (NORM, unsplit K), x·diag(g + offset) (NORM), acc (and up) += x·Wᵀ.
+    CENTER (LayerNorm): x becomes (x - mean)·rstd [·g] [+ β] here, whole (the rows' stats
+    come from `_gemv_row_stats`); past K, W is loaded as 0, so what x becomes there is moot."""
     if NORM:
-        if SPLIT_K == 1:
-            sq += a * a
-        a = a * (tl.load(G + kk, mask=kk < K, other=0.0).to(tl.float32) + weight_offset)[None, :]
+        if CENTER:
+            a = (a - mean) * rstd
+            if HAS_G:
+                a = a * tl.load(G + kk, mask=kk < K, other=0.0).to(tl.float32)[None, :]
+            if HAS_BETA:
+                a = a + tl.load(BETA + kk, mask=kk < K, other=0.0).to(tl.float32)[None, :]
+        else:
+            if SPLIT_K == 1:
+                sq += a * a
+            a = a * (tl.load(G + kk, mask=kk < K, other=0.0).to(tl.float32) + weight_offset)[None, :]
     acc = _gemv_step(acc, a, b, ONE_ROW)
     if GATED:
         up = _gemv_step(up, a, bu, ONE_ROW)
@@ -427,6 +471,7 @@ def _gemv_update(acc, up, sq, a, b, bu, G, kk, K, weight_offset, NORM: tl.conste
 def _gemv_kernel(
     X, W, G, B, R, Y, P,  # as in _gemm_kernel (G: norm weight (K,) if NORM)
     XU,  # X_ACT >= 0: the up rows (strides of X); x = act(X)·XU
+    BETA,  # CENTER and HAS_BETA: the LayerNorm's bias (K,)
     M, N, K,  # M <= BLOCK_M: every program holds all rows of x
     stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_ym, stride_ps, stride_pu,
     eps, weight_offset,  # NORM: y = (x·diag(g + weight_offset)·Wᵀ)·rsqrt(mean(x²) + eps)
@@ -435,10 +480,13 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PREFETCH: tl.constexpr, GDC: tl.constexpr, X_ACT: tl.constexpr = -1,
     INTERP_BF16: tl.constexpr = False,
+    CENTER: tl.constexpr = False, HAS_G: tl.constexpr = True, HAS_BETA: tl.constexpr = False,
 ):
     """Program (n-tile, s): output columns [n·BN, +BN) of all M rows, K-slice s.
     PREFETCH: the first K-step's W tile is loaded before `gdc_enter` (under PDL, while the
-    previous kernel still runs: W is a parameter), the loop takes the rest."""
+    previous kernel still runs: W is a parameter), the loop takes the rest.
+    NORM and CENTER: y = layer_norm(x; G, BETA, eps)·Wᵀ — each program first computes its
+    rows' mean and rstd over all of K, then normalises x on the way in (fp32, not rounded)."""
     ONE_ROW: tl.constexpr = BLOCK_M == 1
     rows = tl.arange(0, BLOCK_M)  # (BM,)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BN,)
@@ -455,27 +503,33 @@ def _gemv_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = acc
     sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)  # NORM, one K slice: Σx² on the way
+    mean = tl.zeros((BLOCK_M, 1), dtype=tl.float32)  # CENTER: the rows' LayerNorm stats
+    rstd = mean
     if PREFETCH:  # masked: a K slice may be empty (k_lo >= K)
         kk = k_lo + tl.arange(0, BLOCK_K)
         b, bu = _gemv_w(w_rows, kk, K, N, stride_wn, stride_wk, GATED, True)
         gdc_enter(GDC)
+        if NORM and CENTER:  # x is the previous kernel's output: after gdc_enter
+            mean, rstd = _gemv_row_stats(x_rows, row_ok, K, stride_xk, eps, BLOCK_M, BLOCK_K)
         a = _gemv_x(x_rows, u_rows, kk, K, row_ok, stride_xk, True, X_ACT, INTERP_BF16)
-        acc, up, sq = _gemv_update(acc, up, sq, a, b, bu, G, kk, K, weight_offset, NORM, GATED,
-                                   SPLIT_K, ONE_ROW)
+        acc, up, sq = _gemv_update(acc, up, sq, a, b, bu, G, BETA, mean, rstd, kk, K, weight_offset,
+                                   NORM, CENTER, HAS_G, HAS_BETA, GATED, SPLIT_K, ONE_ROW)
         k_first = k_lo + BLOCK_K
     else:
         gdc_enter(GDC)
+        if NORM and CENTER:
+            mean, rstd = _gemv_row_stats(x_rows, row_ok, K, stride_xk, eps, BLOCK_M, BLOCK_K)
         k_first = k_lo
     for k in range(k_first, k_hi, BLOCK_K):
         kk = k + tl.arange(0, BLOCK_K)  # (BK,)
         a = _gemv_x(x_rows, u_rows, kk, K, row_ok, stride_xk, not EVEN_K, X_ACT, INTERP_BF16)
         b, bu = _gemv_w(w_rows, kk, K, N, stride_wn, stride_wk, GATED, not EVEN_K)  # (BN, BK)
-        acc, up, sq = _gemv_update(acc, up, sq, a, b, bu, G, kk, K, weight_offset, NORM, GATED,
-                                   SPLIT_K, ONE_ROW)
+        acc, up, sq = _gemv_update(acc, up, sq, a, b, bu, G, BETA, mean, rstd, kk, K, weight_offset,
+                                   NORM, CENTER, HAS_G, HAS_BETA, GATED, SPLIT_K, ONE_ROW)
     if ONE_ROW:  # (BN, BK) -> (1, BN)
         acc = tl.sum(acc, axis=1)[None, :]
         up = tl.sum(up, axis=1)[None, :]
-    if NORM:  # this program's rows' rsqrt(mean(x²) + eps) over all of K (x is tiny)
+    if NORM and not CENTER:  # this program's rows' rsqrt(mean(x²) + eps) over all of K (x is tiny)
         if SPLIT_K > 1:  # this program saw one K slice: a second pass over x (L2-resident)
             for k in range(0, K, BLOCK_K):
                 kk = k + tl.arange(0, BLOCK_K)
@@ -767,11 +821,14 @@ def _check_like(name: str, t: torch.Tensor, shape: tuple[int, ...], x: torch.Ten
 
 
 def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, gated=False,
-         x_up=None, x_act: str = "", config: Mapping[str, int] | None = None) -> tuple[torch.Tensor, Any]:
+         x_up=None, x_act: str = "", layer_norm=None,
+         config: Mapping[str, int] | None = None) -> tuple[torch.Tensor, Any]:
     """Checked x (..., K), w (N or 2N, K) -> (y (..., N), compiled GEMM or None).
     norm = (g (K,), eps, weight_offset) selects gemm_rmsnorm; x_up (x's shape) makes the
     GEMM's input act(x)·x_up (`x_act`): computed in the GEMV's prologue, by the gated_act
-    kernel ahead of a tensor-core GEMM."""
+    kernel ahead of a tensor-core GEMM. layer_norm = (g (K,) or None, β (K,) or None, eps)
+    makes it layer_norm(x) likewise: in the GEMV's prologue, by norm.py's LayerNorm kernel
+    ahead of a tensor-core GEMM (x̂ rounded to x's dtype, as eager writes it)."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)  # (M, K): a view when possible; both strides go to the kernel
     u2 = None if x_up is None else x_up.reshape(-1, k)
@@ -793,9 +850,11 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
              "GATED": gated}
     if cfg["BLOCK_M"] < 16:
         return y.view(*x.shape[:-1], n), _run_gemv(x2, w, b, r2, y, partials, p_strides, cfg, norm,
-                                                    flags, u2, x_act)
+                                                    flags, u2, x_act, layer_norm)
     if u2 is not None:  # tensor cores want x in shared memory: the product first
         x2 = launch_gated_act(x2, u2, x_act)
+    if layer_norm is not None:  # likewise the normalised x: (M, K), one launch
+        x2 = launch_layer_norm(x2, *layer_norm)
     g, rs, offset = y, y, 0.0  # placeholders for pointers a flag leaves unused
     emulate = interpreting() and x.dtype == torch.bfloat16
     pre_scale = norm is not None and m <= NORM_IN_GEMM_MAX_M  # x·g per A tile in the GEMM
@@ -836,21 +895,29 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
 
 
 def _run_gemv(x2, w, b, r2, y, partials, p_strides, cfg: Config, norm, flags: dict[str, Any],
-              u2=None, x_act: str = "") -> Any:
+              u2=None, x_act: str = "", layer_norm=None) -> Any:
     """The GEMV path of `_run` (its buffers and flags): x2 (M, K) with M <= BLOCK_M, y (M, N)
-    written in place; the norm's row scales are computed inside the kernel, and so is
-    act(x2)·u2 when u2 is given. Under PDL (`programmatic_launch`) both kernels launch
-    early and the GEMV prefetches W."""
+    written in place; the norm's row scales (or the LayerNorm's mean and rstd) are computed
+    inside the kernel, and so is act(x2)·u2 when u2 is given. Under PDL
+    (`programmatic_launch`) both kernels launch early and the GEMV prefetches W."""
     (m, k), n, split = x2.shape, y.shape[1], cfg["SPLIT_K"]
-    g, eps, offset = (y, 0.0, 0.0) if norm is None else (norm[0].contiguous(), float(norm[1]), float(norm[2]))
+    g, beta, eps, offset = y, y, 0.0, 0.0  # placeholders for pointers a flag leaves unused
+    if norm is not None:
+        g, eps, offset = norm[0].contiguous(), float(norm[1]), float(norm[2])
+    if layer_norm is not None:
+        g, beta = (t.contiguous() if t is not None else y for t in layer_norm[:2])
+        eps = float(layer_norm[2])
     pdl = pdl_launch(x2)
     compiled = _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), split)](
-        x2, w, g, b, r2, y, partials, x2 if u2 is None else u2, m, n, k, x2.stride(0), x2.stride(1),
-        w.stride(0), w.stride(1), r2.stride(0), y.stride(0), *p_strides, eps, offset, NORM=norm is not None,
+        x2, w, g, b, r2, y, partials, x2 if u2 is None else u2, beta, m, n, k, x2.stride(0), x2.stride(1),
+        w.stride(0), w.stride(1), r2.stride(0), y.stride(0), *p_strides, eps, offset,
+        NORM=norm is not None or layer_norm is not None,
         EVEN_K=k % cfg["BLOCK_K"] == 0, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"], SPLIT_K=split, PREFETCH=pdl["GDC"] or PREFETCH_WITHOUT_PDL,
         X_ACT=-1 if u2 is None else ACTIVATIONS[x_act],
         INTERP_BF16=u2 is not None and interpreting() and x2.dtype == torch.bfloat16,
+        CENTER=layer_norm is not None, HAS_G=layer_norm is None or layer_norm[0] is not None,
+        HAS_BETA=layer_norm is not None and layer_norm[1] is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl, **flags)
     if split > 1:
         _splitk_epilogue_kernel[(1, triton.cdiv(n, 128))](
@@ -898,6 +965,16 @@ def _rmsnorm_call(x, norm_w, w, eps, weight_offset, config):
     return _run(x, w, w.shape[0], norm=(norm_w, eps, weight_offset), config=config)
 
 
+def _layernorm_call(x, norm_w, norm_b, w, bias, eps, activation, config):
+    check(activation in GEMM_ACTIVATIONS, f"activation {activation!r} not in {list(GEMM_ACTIVATIONS)}")
+    n = _check_bias_residual(x, w, bias, None)
+    for name, t in (("norm_w", norm_w), ("norm_b", norm_b)):
+        if t is not None:
+            _check_like(name, t, (x.shape[-1],), x, same_dtype=False)
+    return _run(x, w, n, act=GEMM_ACTIVATIONS[activation], bias=bias,
+                layer_norm=(norm_w, norm_b, eps), config=config)
+
+
 def _rmsnorm_swiglu_call(x, norm_w, w_gu, eps, weight_offset, activation, config):
     _check_x_w(x, w_gu)
     _check_like("norm_w", norm_w, (x.shape[-1],), x, same_dtype=False)
@@ -932,6 +1009,14 @@ def launch_gemm_rmsnorm(x, norm_w, w, eps: float, weight_offset: float = 0.0,
     return _rmsnorm_call(x, norm_w, w, eps, weight_offset, config)[0]
 
 
+def launch_gemm_layernorm(x, norm_w, norm_b, w, bias=None, eps: float = 1e-5, activation: str = "none",
+                          config: Mapping[str, int] | None = None) -> torch.Tensor:
+    """act(layer_norm(x; norm_w, norm_b, eps)·Wᵀ + bias): x (..., K), norm_w and norm_b (K,)
+    or None, w (N, K), bias (N,) or None. Up to GEMV_MAX_M rows one launch (the norm in the
+    GEMV's prologue); more: norm.py's LayerNorm kernel, then the GEMM."""
+    return _layernorm_call(x, norm_w, norm_b, w, bias, eps, activation, config)[0]
+
+
 def launch_gemm_rmsnorm_swiglu(x, norm_w, w_gu, eps: float, weight_offset: float = 0.0,
                                activation: str = "silu",
                                config: Mapping[str, int] | None = None) -> torch.Tensor:
@@ -959,6 +1044,10 @@ def spills_gemm_swiglu(x, w_gu, activation="silu", config=None):
 
 def spills_gemm_rmsnorm(x, norm_w, w, eps, weight_offset=0.0, config=None):
     return _n_spills(_rmsnorm_call(x, norm_w, w, eps, weight_offset, config)[1])
+
+
+def spills_gemm_layernorm(x, norm_w, norm_b, w, bias=None, eps=1e-5, activation="none", config=None):
+    return _n_spills(_layernorm_call(x, norm_w, norm_b, w, bias, eps, activation, config)[1])
 
 
 def spills_gemm_rmsnorm_swiglu(x, norm_w, w_gu, eps, weight_offset=0.0, activation="silu", config=None):

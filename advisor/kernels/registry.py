@@ -28,6 +28,7 @@ KERNEL_MODULES: tuple[str, ...] = (
     "advisor.kernels.gemm",
     "advisor.kernels.linear_swiglu",
     "advisor.kernels.rmsnorm_linear",
+    "advisor.kernels.layernorm_linear",
     "advisor.kernels.rmsnorm_swiglu",
 )
 
