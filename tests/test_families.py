@@ -27,8 +27,10 @@ _GPT = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256)
 FAMILIES = {
     "Qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(_DECODER, head_dim=16), {"attention_rope", "rms_norm"}),
     "Olmo2": ("Olmo2Config", "Olmo2ForCausalLM", _DECODER, {"attention_rope", "rms_norm"}),
+    # the partial rotary's cat folded in; one LayerNorm read by q, k, v and fc1 (a parallel
+    # block): one GEMM over the four, the biases in it
     "Phi": ("PhiConfig", "PhiForCausalLM", dict(_DECODER, num_key_value_heads=4, partial_rotary_factor=0.5),
-            {"linear_bias_act", "attention_rope"}),  # the partial rotary's cat folded in
+            {"layer_norm_linear", "add_layer_norm_linear", "attention_rope"}),
     # Phi-3: eval dropout's clones between the GEMMs and their residual adds, and its
     # partial-rotary cat with an empty pass-through part before the attention (graph/copies.py)
     "Phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_DECODER, pad_token_id=0),
@@ -54,7 +56,7 @@ FAMILIES = {
     "OPT": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=64, ffn_dim=96, num_hidden_layers=2,
                                                  num_attention_heads=4, vocab_size=128,
                                                  max_position_embeddings=256, word_embed_proj_dim=64),
-            {"linear_bias_act", "layer_norm"}),
+            {"layer_norm_linear", "add_layer_norm_linear"}),  # fc1's ReLU in the norm's GEMM
 }
 
 
@@ -89,6 +91,38 @@ def test_family_applies_every_fusion_it_finds(family):
     assert not [r for r in rows if r.get("unfused")], [r for r in rows if r.get("unfused")]
     applied = {r["family"] for r in rows if r.get("applied")}
     assert FAMILIES[family][3] <= applied, applied
+
+
+@pytest.mark.parametrize("family, fused", [("Phi", "linear_bias_act"), ("OPT", "linear_bias_act")])
+def test_without_the_norm_in_the_gemm_the_activation_epilogue_applies(family, fused):
+    """The plan the tuner weighs against layer_norm_linear: the norm alone and fc1's
+    activation (Phi's gelu_new, OPT's ReLU) in the GEMM's epilogue."""
+    model = _tiny(family)
+    refs = {t: model(**_ids(t)).logits for t in (1, 5)}
+    fast = apply(model, Plan(tuple(f for f in ALL_FUSIONS.fusions if "norm_linear" not in f)))
+    for t, ref in refs.items():
+        assert max_violation(fast(**_ids(t)).logits, ref, tolerance(torch.float32, model=True)) <= 0
+    rows = {r["family"]: r for r in fast.summary()}
+    assert rows[fused]["applied"] > 0 and not rows[fused]["unfused"], rows[fused]
+
+
+def test_layer_norm_folds_into_its_projections_and_fc1s_activation():
+    """OPT: each LayerNorm → its projections (q, k, v with biases; fc1 with its ReLU; the
+    lm_head) is one GEMM; at one token the norm runs in the GEMV's prologue (one launch)."""
+    model = _tiny("OPT")
+    refs = {t: model(**_ids(t)).logits for t in (1, 5)}
+    launches = {}
+    for fusions in (("layer_norm", "add_layer_norm", "linear_bias_act"),
+                    ("layer_norm_linear", "add_layer_norm_linear")):
+        fast = apply(model, Plan(fusions))
+        for t, ref in refs.items():
+            assert max_violation(fast(**_ids(t)).logits, ref, tolerance(torch.float32, model=True)) <= 0
+        rows = {r["family"]: r for r in fast.summary()}
+        assert all(rows[f]["applied"] > 0 and not rows[f]["unfused"] for f in fusions[:2]), rows
+        launches[fusions[0]] = rows["(all)"]["launches_after"]
+    # per layer: attention's norm and its 3 GEMMs -> 1, fc1's norm + GEMM + ReLU -> 1 (2 each
+    # with the norm kernel and the ReLU epilogue); the final norm + lm_head -> 1
+    assert launches["layer_norm_linear"] < launches["layer_norm"], launches
 
 
 @pytest.mark.parametrize("family, extra", [

@@ -1,7 +1,7 @@
 """Where a site's inputs live once the GEMMs producing them are merged: column blocks.
 
 A merge (qkv_merge, gate_up_merge: one GEMM over [W_q; W_k; W_v]) and a norm folded into
-several projections (rmsnorm_linear) write one (M, ΣN) result, and each former output is a
+several projections (rmsnorm_linear, layernorm_linear) write one (M, ΣN) result, and each former output is a
 column block of it (runtime/emit.py `_slice_columns`): whatever reads q, k, v or gate, up
 then reads a strided view (row stride ΣN, not N). Eager elementwise kernels lose their
 contiguous, vectorised path there, and a fused kernel's loads may change too, so a site's
@@ -29,7 +29,7 @@ from advisor.graph.cse import view_chain
 from advisor.graph.match import Match
 
 # kernels whose emitter returns column blocks of one (M, ΣN) result (runtime/emit.py)
-COLUMN_BLOCK_KERNELS = ("merged_linear", "rmsnorm_linear")
+COLUMN_BLOCK_KERNELS = ("merged_linear", "rmsnorm_linear", "layernorm_linear")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "attention": (("q", "k", "v", "cos", "sin", "mask", "causal", "scale", "interleaved", "q_pos",
                    "softcap", "sinks"), ("y",)),
     "rmsnorm_linear": (("x", "weight", "weights", "eps", "weight_offset"), ("y",)),  # own emitter
+    "layernorm_linear": (("x", "weight", "bias", "weights", "biases", "eps", "activation"), ("y",)),  # own emitter
     "rmsnorm_swiglu": (("x", "weight", "weights", "eps", "weight_offset", "activation"), ("y",)),
     "gemm_epilogue": (("x", "weight", "bias", "residual", "activation"), ("y",)),  # own emitter
     "gated_linear": (("gate", "up", "weight", "bias", "residual", "activation"), ("y",)),  # own emitter
@@ -293,18 +294,26 @@ def _emit_merged_linear(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node,
     return _slice_columns(graph, call, outs, weights)
 
 
-def _emit_rmsnorm_linear(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
-    """norm(x) read by n linears → rmsnorm_linear(x as (M, K), norm_w, [W…]) and n column
-    slices of its (M, ΣN) result (the linears' outputs are 2-D)."""
+def _emit_norm_linear(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
+    """norm(x) read by n linears → rmsnorm_linear / layernorm_linear (x as (M, K), the
+    norm's operands, [W…] (, [b…])) and n column slices of its (M, ΣN) result (the linears'
+    outputs are 2-D)."""
     x, weights = m.operands["x"], m.operands["weights"]
-    after = _insert_point(graph, m, [x, m.operands["weight"], *weights])
+    names = KERNEL_ARGS[m.kernel][0][1:]  # after x
+    rest = [m.operands.get(name) for name in names]
+    shape = m.operands.get("out_shape")
+    after = _insert_point(graph, m, [x, *rest, shape])
     k = int(fake(weights[0]).shape[1])
     with graph.inserting_after(after):
         x2d = new_node(graph, aten.view.default, (x, [-1, k]))
     with graph.inserting_after(x2d):
-        call = new_node(graph, torch.ops.advisor.rmsnorm_linear.default,
-                    (x2d, m.operands["weight"], weights, m.operands["eps"], m.operands["weight_offset"],
-                     config))
+        call = new_node(graph, getattr(torch.ops.advisor, m.kernel).default, (x2d, *rest, config))
+    if m.operands.get("activation", "none") != "none":  # one projection, its activation's value
+        y = call
+        if shape is not None:  # the activation read the GEMM viewed back to x's leading dims
+            with graph.inserting_after(call):
+                y = new_node(graph, aten.view.default, (call, shape))
+        return {m.outputs["out0"]: _reroute(m.outputs["out0"], y, set(m.nodes))}
     return _slice_columns(graph, call, [m.outputs[f"out{i}"] for i in range(len(weights))], weights)
 
 
@@ -448,8 +457,8 @@ def emit(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, fx.Node]:
     nodes become dead (the caller runs DCE)."""
     if m.kernel == "merged_linear":
         return _emit_merged_linear(graph, m, config)
-    if m.kernel == "rmsnorm_linear":
-        return _emit_rmsnorm_linear(graph, m, config)
+    if m.kernel in ("rmsnorm_linear", "layernorm_linear"):
+        return _emit_norm_linear(graph, m, config)
     if m.kernel == "bias_act" and "addmm" in m.operands:
         return _emit_bias_act_addmm(graph, m, config)
     if m.kernel == "rope_qk_cache":

@@ -14,6 +14,8 @@ FAMILIES: dict[str, str] = {
     "add_rms_norm_swiglu": "rmsnorm_swiglu",
     "rms_norm_linear": "rmsnorm_linear",
     "add_rms_norm_linear": "rmsnorm_linear",
+    "layer_norm_linear": "layernorm_linear",
+    "add_layer_norm_linear": "layernorm_linear",
     "rms_norm": "rms_norm",
     "add_rms_norm": "add_rms_norm",
     "layer_norm": "layer_norm",

@@ -20,8 +20,11 @@
 |   positions ⊗ inv_freq)        |                   |                           |
 | qkv_merge, gate_up_merge, ...  | linear.py         | merged_linear.py (cuBLAS) |
 | rms_norm_linear,               | linear.py         | rmsnorm_linear.py (gemm)  |
-|   add_rms_norm_linear (norm as |                   | (LayerNorm: analysis only)|
+|   add_rms_norm_linear (norm as |                   |                           |
 |   the projections' prologue)   |                   |                           |
+| layer_norm_linear,             | linear.py         | layernorm_linear.py (gemm)|
+|   add_layer_norm_linear (+ the |                   |                           |
+|   biases, one projection's act)|                   |                           |
 | rms_norm_swiglu,               | linear.py         | rmsnorm_swiglu.py (gemm)  |
 |   add_rms_norm_swiglu (norm    |                   |                           |
 |   prologue + SwiGLU epilogue)  |                   |                           |
@@ -58,7 +61,8 @@ def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
     # matches a site (a norm folded into its projections beats the norm alone, etc.).
     fusable_attention = attention.find_fusable(gm, ropes)
     rope_writes = cache.find(gm, ropes)
-    norm_projections = linear.find_norm_projections(norms, gm, params)
+    epilogues = linear.find_epilogues(gm, params)
+    norm_projections = linear.find_norm_projections(norms, gm, params, epilogues)
     swiglu_projections = linear.find_swiglu_projections(gated, params)
     residual_epilogues = linear.find_residual_epilogues(gm, params)
     matches = [
@@ -71,7 +75,7 @@ def find_all(gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
         # gated_act and linear_residual, which it subsumes
         *linear.find_gated_projections(gated, params, residual_epilogues),
         *gated,
-        *linear.find_epilogues(gm, params),  # before bias_act: it subsumes it
+        *epilogues,  # before bias_act: it subsumes it
         *residual_epilogues,  # after add+norm: that add is the norm's
         *activation.find_bias_act(gm, params),
         *rope_writes,  # before rope: it subsumes the rotation

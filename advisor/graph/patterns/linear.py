@@ -165,8 +165,11 @@ def find_swiglu_projections(gated: list[Match], params: dict[str, str]) -> list[
     return found
 
 
-def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[str, str]) -> list[Match]:
-    """Norm sites whose normalised output is read only by linears (GEMM-prologue fusion)."""
+def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[str, str],
+                          epilogues: list[Match] = ()) -> list[Match]:
+    """Norm sites whose normalised output is read only by linears (GEMM-prologue fusion).
+    A LayerNorm read by one projection whose activation is an `epilogues` site (fc1 →
+    GELU/ReLU of GPT-style MLPs) takes that activation into the same kernel's epilogue."""
     by_x: dict[fx.Node, list[Linear]] = defaultdict(list)
     for lin in find_linears(gm, params):
         by_x[lin.x].append(lin)
@@ -174,17 +177,27 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
     for m in norms:
         y = m.outputs["y"]
         readers = by_x.get(y, [])
-        between = _views_to(y, {lin.x2d for lin in readers})
+        # a linear may read y itself (OPT's MLP on (B·T, D) rows: no view between)
+        between = _views_to(y, {lin.x2d for lin in readers}, {lin.node for lin in readers if lin.x2d is y})
         if not readers or between is None:
             continue
-        nodes = (*m.nodes, *between,
-                 *(n for lin in readers for n in (lin.x2d, lin.node.args[-1], lin.node)))
+        nodes = tuple(dict.fromkeys((*m.nodes, *between,
+                                     *(n for lin in readers for n in (lin.x2d, lin.node.args[-1], lin.node)))))
         operands = {**m.operands, "weights": [lin.weight for lin in readers]}
         outputs = {f"out{i}": lin.node for i, lin in enumerate(readers)}
         kernel = None
         if m.family in ("rms_norm", "add_rms_norm") and m.operands.get("weight") is not None \
                 and all(lin.bias is None for lin in readers):
             kernel = "rmsnorm_linear"
+        if m.family in ("layer_norm", "add_layer_norm") and _one_dtype(m, readers):
+            # OPT, GPT-NeoX, Phi, Falcon, BLOOM: the projections' biases in its epilogue
+            kernel = "layernorm_linear"
+            operands.update(biases=[lin.bias for lin in readers], activation="none", out_shape=None)
+            act = _activation_site(readers, epilogues)
+            if act is not None:
+                nodes = tuple(dict.fromkeys((*nodes, *act.nodes)))
+                operands.update(activation=act.operands["activation"], out_shape=act.operands["out_shape"])
+                outputs = {"out0": act.outputs["y"]}
         if "residual" in m.outputs:
             # The residual sum is the residual stream: it stays a plain add, and the
             # fused GEMM normalises it (the add node is left out of the replaced nodes).
@@ -197,6 +210,22 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
             or m.family.endswith("_no_weight") else f"{m.family}_no_weight"
         found.append(Match(f"{family}_linear", kernel, m.module, nodes, operands, outputs))
     return found
+
+
+def _activation_site(readers: list[Linear], epilogues: list[Match]) -> Match | None:
+    """The linear_bias_act site of the only projection in `readers`, if there is one."""
+    if len(readers) != 1:
+        return None
+    return next((e for e in epilogues if e.family == "linear_bias_act" and readers[0].node in e.nodes), None)
+
+
+def _one_dtype(m: Match, readers: list[Linear]) -> bool:
+    """The norm's input, its output and every projection's weight share one dtype: the
+    fused GEMM reads x and writes in x's dtype (a norm upcast to fp32 ahead of 16-bit
+    projections is no such site)."""
+    tensors = [m.operands["x"], m.outputs["y"], *(lin.weight for lin in readers)]
+    dtypes = {t.dtype if t is not None else None for t in map(fake, tensors)}
+    return len(dtypes) == 1 and None not in dtypes
 
 
 def find_norm_swiglus(norm_projections: list[Match], swiglus: list[Match]) -> list[Match]:
@@ -218,13 +247,14 @@ def find_norm_swiglus(norm_projections: list[Match], swiglus: list[Match]) -> li
     return found
 
 
-def _views_to(y: fx.Node, x2ds: set[fx.Node]) -> list[fx.Node] | None:
+def _views_to(y: fx.Node, x2ds: set[fx.Node], direct: Collection[fx.Node] = ()) -> list[fx.Node] | None:
     """The view nodes between `y` and the linears' (M, K) inputs `x2ds` when every reader of
     `y` leads, through views only, to one of them (e.g. the `alias` a full-range
-    `hidden[:, -0:]` before lm_head lowers to); None when something else reads `y`."""
+    `hidden[:, -0:]` before lm_head lowers to) or is one of the linears in `direct` (which
+    read `y` as their (M, K) input); None when something else reads `y`."""
     between: list[fx.Node] = []
     for user in y.users:
-        if user in x2ds:
+        if user in x2ds or user in direct:
             continue
         if not is_op(user, *VIEW_OPS):
             return None
