@@ -80,7 +80,7 @@ from advisor.kernels.gated_act import (
     launch_gated_act,
 )
 from advisor.kernels.gated_act import reference as gated_act_reference
-from advisor.kernels.norm import launch_layer_norm, layer_norm_reference, rms_norm_reference
+from advisor.kernels.norm import launch_layer_norm, rms_norm_reference
 from advisor.kernels.registry import KernelSpec, register
 from advisor.kernels.space import Config, ConfigSpace, Problem, decode
 from advisor.kernels.testing import randn_nonzero

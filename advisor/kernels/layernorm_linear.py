@@ -121,6 +121,5 @@ register(KernelSpec(
     bench_dims=lambda tokens: {"M": tokens, "K": 4096, "N": 12288, "bias": 1},  # LN -> QKV, OPT-6.7B
     unfused_launches=4,  # eager LayerNorm, three addmm
     matrix_kernel=True, usable=lambda x, *_: _use_triton(x),
-    spills=lambda x, norm_w, norm_b, weights, biases, eps, activation="none", config=None: spills_gemm_layernorm(
-        x, norm_w, norm_b, merged_weight(weights), merged_bias(x, weights, biases), eps, activation, config),
+    spills=lambda *inputs, config=None: spills_gemm_layernorm(*_merged(*inputs), *inputs[5:], config=config),
 ))

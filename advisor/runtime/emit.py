@@ -32,7 +32,8 @@ KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "attention": (("q", "k", "v", "cos", "sin", "mask", "causal", "scale", "interleaved", "q_pos",
                    "softcap", "sinks"), ("y",)),
     "rmsnorm_linear": (("x", "weight", "weights", "eps", "weight_offset"), ("y",)),  # own emitter
-    "layernorm_linear": (("x", "weight", "bias", "weights", "biases", "eps", "activation"), ("y",)),  # own emitter
+    "layernorm_linear": (("x", "weight", "bias", "weights", "biases", "eps", "activation"),
+                         ("y",)),  # own emitter
     "rmsnorm_swiglu": (("x", "weight", "weights", "eps", "weight_offset", "activation"), ("y",)),
     "gemm_epilogue": (("x", "weight", "bias", "residual", "activation"), ("y",)),  # own emitter
     "gated_linear": (("gate", "up", "weight", "bias", "residual", "activation"), ("y",)),  # own emitter

@@ -181,8 +181,8 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
         between = _views_to(y, {lin.x2d for lin in readers}, {lin.node for lin in readers if lin.x2d is y})
         if not readers or between is None:
             continue
-        nodes = tuple(dict.fromkeys((*m.nodes, *between,
-                                     *(n for lin in readers for n in (lin.x2d, lin.node.args[-1], lin.node)))))
+        gemms = (n for lin in readers for n in (lin.x2d, lin.node.args[-1], lin.node))
+        nodes = tuple(dict.fromkeys((*m.nodes, *between, *gemms)))
         operands = {**m.operands, "weights": [lin.weight for lin in readers]}
         outputs = {f"out{i}": lin.node for i, lin in enumerate(readers)}
         kernel = None
