@@ -37,7 +37,8 @@ FAMILIES = {
              {"attention_rope", "linear_residual", "gated_act_linear"}),
     # GPT-J: interleaved partial RoPE on (B, T, H, D), its sin/cos repeated inside the
     # function called for q and for k (merged before matching), dynamic full slices
-    "GPTJ": ("GPTJConfig", "GPTJForCausalLM", dict(_GPT, rotary_dim=8), {"rope", "linear_bias_act"}),
+    # (a parallel block: one LayerNorm read by q, k, v and fc_in, one GEMM over the four)
+    "GPTJ": ("GPTJConfig", "GPTJForCausalLM", dict(_GPT, rotary_dim=8), {"rope", "layer_norm_linear"}),
     # DiffLlama: two attentions per layer over v's head halves, each repeated (1, 2, 1, 1)
     # (transformers 5.x; 4.x read one v of twice k's head dim: a head dim of its own, now
     # also a site): k and v read as repeated where one of them cannot be unrepeated
@@ -52,7 +53,8 @@ FAMILIES = {
                         q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
                         head_dim=8, first_k_dense_replace=1), {"attention", "rms_norm_linear"}),
     # GPT-2's Conv1D: addmm(b, x, W) over W stored (K, N), read through t(W) (linear_forms.py)
-    "GPT2": ("GPT2Config", "GPT2LMHeadModel", _GPT, {"linear_bias_act", "add_layer_norm", "attention"}),
+    # (its LayerNorm in c_attn's / c_fc's GEMM: read through the transposed view)
+    "GPT2": ("GPT2Config", "GPT2LMHeadModel", _GPT, {"add_layer_norm_linear", "linear_residual", "attention"}),
     "OPT": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=64, ffn_dim=96, num_hidden_layers=2,
                                                  num_attention_heads=4, vocab_size=128,
                                                  max_position_embeddings=256, word_embed_proj_dim=64),
@@ -93,7 +95,9 @@ def test_family_applies_every_fusion_it_finds(family):
     assert FAMILIES[family][3] <= applied, applied
 
 
-@pytest.mark.parametrize("family, fused", [("Phi", "linear_bias_act"), ("OPT", "linear_bias_act")])
+@pytest.mark.parametrize("family, fused", [("Phi", "linear_bias_act"), ("OPT", "linear_bias_act"),
+                                           ("GPT2", "linear_bias_act"), ("GPT2", "add_layer_norm"),
+                                           ("GPTJ", "linear_bias_act")])
 def test_without_the_norm_in_the_gemm_the_activation_epilogue_applies(family, fused):
     """The plan the tuner weighs against layer_norm_linear: the norm alone and fc1's
     activation (Phi's gelu_new, OPT's ReLU) in the GEMM's epilogue."""
@@ -143,7 +147,8 @@ def test_eager_attention_reading_a_merged_projections_column_block(family, extra
     for t, ref in refs.items():
         assert max_violation(fast(**_ids(t)).logits, ref, tolerance(torch.float32, model=True)) <= 0
     applied = {r["family"] for r in fast.summary() if r.get("applied")}
-    assert applied & {"qkv_merge", "rms_norm_linear", "add_rms_norm_linear"}, applied  # column blocks
+    assert applied & {"qkv_merge", "rms_norm_linear", "add_rms_norm_linear", "layer_norm_linear",
+                      "add_layer_norm_linear"}, applied  # column blocks
 
 
 def test_mqa_repeat_kv_from_one_kv_head_is_read_before_the_repeat():

@@ -48,8 +48,11 @@ def adjacent_view(tensors: list[Tensor]) -> Tensor | None:
 def merged_weight(weights: list[Tensor]) -> Tensor:
     """The merged (ΣN, K) weight (or (ΣN,) bias): a view when adjacent, else a per-call
     copy (counted in `COPIES`; expected only on the call during which apply() lays the
-    tensors out)."""
+    tensors out). One tensor is itself, in whatever strides it has (GPT-2's (K, N) Conv1D
+    weight read as its transposed (N, K) view)."""
     global COPIES
+    if len(weights) == 1:
+        return weights[0]
     view = adjacent_view(weights)
     if view is not None:
         return view

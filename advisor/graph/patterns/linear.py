@@ -169,14 +169,20 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
                           epilogues: list[Match] = ()) -> list[Match]:
     """Norm sites whose normalised output is read only by linears (GEMM-prologue fusion).
     A LayerNorm read by one projection whose activation is an `epilogues` site (fc1 →
-    GELU/ReLU of GPT-style MLPs) takes that activation into the same kernel's epilogue."""
+    GELU/ReLU of GPT-style MLPs) takes that activation into the same kernel's epilogue.
+    A projection whose weight is stored (K, N) (GPT-2's Conv1D: c_attn, c_fc) is read
+    through its transposed view, alone: no (ΣN, K) buffer can hold it beside others."""
     by_x: dict[fx.Node, list[Linear]] = defaultdict(list)
-    for lin in find_linears(gm, params):
-        by_x[lin.x].append(lin)
+    for node in gm.graph.nodes:
+        if (lin := linear_at(node, params)) is not None:
+            by_x[lin.x].append(lin)
     found = []
     for m in norms:
         y = m.outputs["y"]
         readers = by_x.get(y, [])
+        stored_kn = any(lin.transposed_view for lin in readers)
+        if stored_kn and len(readers) > 1:
+            continue
         # a linear may read y itself (OPT's MLP on (B·T, D) rows: no view between)
         between = _views_to(y, {lin.x2d for lin in readers}, {lin.node for lin in readers if lin.x2d is y})
         if not readers or between is None:
@@ -187,7 +193,7 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
         outputs = {f"out{i}": lin.node for i, lin in enumerate(readers)}
         kernel = None
         if m.family in ("rms_norm", "add_rms_norm") and m.operands.get("weight") is not None \
-                and all(lin.bias is None for lin in readers):
+                and all(lin.bias is None for lin in readers) and not stored_kn:
             kernel = "rmsnorm_linear"
         if m.family in ("layer_norm", "add_layer_norm") and _one_dtype(m, readers):
             # OPT, GPT-NeoX, Phi, Falcon, BLOOM: the projections' biases in its epilogue
