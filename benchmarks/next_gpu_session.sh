@@ -43,7 +43,9 @@
 #           then the same with ADVISOR_CONFIRM_THREADS=1, then in fp32 (~350 s)
 #   sweep   family_sweep.py over every causal-LM family of transformers (or SWEEP_FAMILIES)
 #   gpt2    examples/gpt2_hf.py (GPT-2 medium): the GEMM-epilogue plan against eager and
-#           reduce-overhead at 1/128/512, then the other GPT-2 plans without compile (~300 s)
+#           reduce-overhead at 1/128/512, then GPT2_PLANS (norm-gemm: LayerNorm in c_attn's and
+#           c_fc's GEMM; light; residual-epilogues) without compile (~330 s)
+#   lnkernels  bench_kernels.py layernorm_linear at 1-512 rows, Llama-like and GPT-2 widths (~300 s)
 #   gemmtiles  benchmarks/gemm_tile_probe.py: a grid of GEMM tiles / split-K at 128 and 512 rows on
 #           GPT-2's narrow-N sites and Llama's o_proj, against the default and cuBLAS + op (~330 s)
 #   plans   each of PLANS (plan or recipe files) benched at BENCH_SHAPES (128,512), no compile
@@ -60,7 +62,7 @@
 #           GEMM variants at 128/512/2048 against cuBLAS + ops and torch.compile (sweep 4)
 set -u
 # Several stages run in order in one command: ... next_gpu_session.sh coldstart tune
-[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, predict, coldstart, attention, prefill, deep, gemmsites, kernels, order, otherplans, probetiming, spellings, fp32, explicit, sweepdebug, sweep, gpt2, gemmtiles, plans, all or pack" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "stage: tune, bench, ablate, predict, coldstart, attention, prefill, deep, gemmsites, kernels, order, otherplans, probetiming, spellings, fp32, explicit, sweepdebug, sweep, gpt2, lnkernels, gemmtiles, plans, all or pack" >&2; exit 2; }
 RECIPE=${RECIPE:-recipes/llama_hf-h200.json}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
@@ -104,6 +106,17 @@ predict)
   echo "alone rc=$?" >> "$OUT/alone.log"; tail -3 "$OUT/alone.log"
   python3 -m advisor.cli report --analysis "$OUT/analysis.json" --bench "$OUT/alone.json" \
     --out "$OUT/predict.html" 2>&1 | tail -32 ;;
+lnkernels)  # layernorm_linear (session 33) on the GPU: correctness against its reference, then
+  # default vs a 4-config sweep vs eager LayerNorm + addmm and compile, at Llama-like widths
+  # (LN -> QKV, 4096 -> 12288) and GPT-2 medium's c_fc (1024 -> 4096, a transposed view is
+  # not what the registry makes: plain (N, K) here)
+  timeout ${LN_S:-150} python3 benchmarks/bench_kernels.py --tokens 1,4,16,128,512 --sweep 4 \
+    --kernels layernorm_linear > "$OUT/kernels-ln.log" 2>&1
+  mv "$OUT/kernels.json" "$OUT/kernels-ln.json"
+  timeout ${LN_S:-150} python3 benchmarks/bench_kernels.py --tokens 1,4,16,128,512 --sweep 4 \
+    --kernels layernorm_linear --dims K=1024,N=4096 > "$OUT/kernels-ln-gpt2.log" 2>&1
+  mv "$OUT/kernels.json" "$OUT/kernels-ln-gpt2.json"
+  tail -24 "$OUT/kernels-ln.log" "$OUT/kernels-ln-gpt2.log" ;;
 kernels)
   timeout ${MEMORY_S:-200} python3 benchmarks/bench_kernels.py --tokens 2048,8192 --sweep 0 \
     --kernels rms_norm,add_rms_norm,layer_norm,add_layer_norm,gated_act,gated_act_merged,bias_act,rope_qk,rope_qk_cache \
@@ -248,7 +261,7 @@ gpt2)  # a second family end to end: Conv1D epilogues, LayerNorm, attention (ses
     --recipe recipes/gpt2-epilogues-cudagraph.plan.json --shapes 1,128,512 --compile reduce-overhead \
     --json "$OUT/bench-gpt2-epilogues.json" > "$OUT/bench-gpt2-epilogues.log" 2>&1
   echo "gpt2 rc=$?"; tail -8 "$OUT/bench-gpt2-epilogues.log"
-  for p in light residual-epilogues; do
+  for p in ${GPT2_PLANS:-norm-gemm light residual-epilogues}; do
     timeout 80 python3 -m advisor.cli bench examples/gpt2_hf.py --recipe recipes/gpt2-$p-cudagraph.plan.json \
       --shapes 1,128,512 --compile none --no-truth --json "$OUT/bench-gpt2-$p.json" > "$OUT/bench-gpt2-$p.log" 2>&1
     echo "gpt2 $p rc=$?"; done ;;
