@@ -150,9 +150,9 @@ def reference_rmsnorm_swiglu(x, norm_w, w_gu, eps: float, weight_offset: float,
     return reference_swiglu(normed, w_gu.float(), activation).to(x.dtype)
 
 
-def unfused_rmsnorm(x, norm_w, w, eps: float, weight_offset: float) -> torch.Tensor:
-    """HF-style RMSNorm (fp32 inside, rounded to x's dtype), then the GEMM in x's dtype."""
-    return F.linear(_hf_rms_norm(x, norm_w, eps, weight_offset), w)
+def unfused_rmsnorm(x, norm_w, w, eps: float, weight_offset: float, bias=None) -> torch.Tensor:
+    """HF-style RMSNorm (fp32 inside, rounded to x's dtype), then the GEMM (+ bias) in x's dtype."""
+    return F.linear(_hf_rms_norm(x, norm_w, eps, weight_offset), w, bias)
 
 
 def unfused_layernorm(x, norm_w, norm_b, w, bias, eps: float, activation: str = "none") -> torch.Tensor:
@@ -167,10 +167,10 @@ def reference_layernorm(x, norm_w, norm_b, w, bias, eps: float, activation: str 
     return reference(normed, w, bias, None, activation).to(x.dtype)
 
 
-def reference_rmsnorm(x, norm_w, w, eps: float, weight_offset: float) -> torch.Tensor:
-    """rms_norm(x)·Wᵀ with the normalised x kept in fp32 (not rounded), cast to x.dtype."""
+def reference_rmsnorm(x, norm_w, w, eps: float, weight_offset: float, bias=None) -> torch.Tensor:
+    """rms_norm(x)·Wᵀ (+ b) with the normalised x kept in fp32 (not rounded), cast to x.dtype."""
     normed = rms_norm_reference(x.float(), norm_w, eps, weight_offset)  # (..., K) fp32
-    return F.linear(normed, w.float()).to(x.dtype)
+    return F.linear(normed, w.float(), None if bias is None else bias.float()).to(x.dtype)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -827,8 +827,8 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
     norm = (g (K,), eps, weight_offset) selects gemm_rmsnorm; x_up (x's shape) makes the
     GEMM's input act(x)·x_up (`x_act`): computed in the GEMV's prologue, by the gated_act
     kernel ahead of a tensor-core GEMM. layer_norm = (g (K,) or None, β (K,) or None, eps)
-    makes it layer_norm(x) likewise: in the GEMV's prologue, by norm.py's LayerNorm kernel
-    ahead of a tensor-core GEMM (x̂ rounded to x's dtype, as eager writes it)."""
+    makes it layer_norm(x): in the GEMV's prologue for one row, else by norm.py's LayerNorm
+    kernel ahead of the GEMM (x̂ rounded to x's dtype, as eager writes it)."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)  # (M, K): a view when possible; both strides go to the kernel
     u2 = None if x_up is None else x_up.reshape(-1, k)
@@ -848,13 +848,17 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
     p_strides = (partials.stride(0), m * n) if split > 1 else (0, 0)
     flags = {"ACT": act, "HAS_BIAS": bias is not None, "HAS_RESIDUAL": residual is not None,
              "GATED": gated}
+    if layer_norm is not None and m > 1:
+        # One row: the GEMV's programs compute its stats themselves. More: each program would
+        # redo all M rows' stats ahead of its W tile (H100, session 33, LN -> QKV 4096 ->
+        # 12288: 4 rows 151 µs against 39 at 1 row and eager's 78), so norm.py's LayerNorm
+        # kernel writes x̂ once (M, K) and the GEMM reads it.
+        x2, layer_norm = launch_layer_norm(x2, *layer_norm), None
     if cfg["BLOCK_M"] < 16:
         return y.view(*x.shape[:-1], n), _run_gemv(x2, w, b, r2, y, partials, p_strides, cfg, norm,
                                                     flags, u2, x_act, layer_norm)
     if u2 is not None:  # tensor cores want x in shared memory: the product first
         x2 = launch_gated_act(x2, u2, x_act)
-    if layer_norm is not None:  # likewise the normalised x: (M, K), one launch
-        x2 = launch_layer_norm(x2, *layer_norm)
     g, rs, offset = y, y, 0.0  # placeholders for pointers a flag leaves unused
     emulate = interpreting() and x.dtype == torch.bfloat16
     pre_scale = norm is not None and m <= NORM_IN_GEMM_MAX_M  # x·g per A tile in the GEMM
@@ -959,10 +963,10 @@ def _swiglu_call(x, w_gu, activation, config):
                 config=config)
 
 
-def _rmsnorm_call(x, norm_w, w, eps, weight_offset, config):
-    _check_x_w(x, w)
+def _rmsnorm_call(x, norm_w, w, eps, weight_offset, config, bias=None):
+    n = _check_bias_residual(x, w, bias, None)
     _check_like("norm_w", norm_w, (x.shape[-1],), x, same_dtype=False)
-    return _run(x, w, w.shape[0], norm=(norm_w, eps, weight_offset), config=config)
+    return _run(x, w, n, bias=bias, norm=(norm_w, eps, weight_offset), config=config)
 
 
 def _layernorm_call(x, norm_w, norm_b, w, bias, eps, activation, config):
@@ -1004,16 +1008,17 @@ def launch_gemm_swiglu(x, w_gu, activation: str = "silu",
 
 
 def launch_gemm_rmsnorm(x, norm_w, w, eps: float, weight_offset: float = 0.0,
-                        config: Mapping[str, int] | None = None) -> torch.Tensor:
-    """rms_norm(x; norm_w, eps, weight_offset)·Wᵀ: x (..., K), norm_w (K,), w (N, K)."""
-    return _rmsnorm_call(x, norm_w, w, eps, weight_offset, config)[0]
+                        config: Mapping[str, int] | None = None, bias=None) -> torch.Tensor:
+    """rms_norm(x; norm_w, eps, weight_offset)·Wᵀ (+ bias): x (..., K), norm_w (K,), w (N, K),
+    bias (N,) or None (added after the row scale: Qwen2's biased Q/K/V)."""
+    return _rmsnorm_call(x, norm_w, w, eps, weight_offset, config, bias)[0]
 
 
 def launch_gemm_layernorm(x, norm_w, norm_b, w, bias=None, eps: float = 1e-5, activation: str = "none",
                           config: Mapping[str, int] | None = None) -> torch.Tensor:
     """act(layer_norm(x; norm_w, norm_b, eps)·Wᵀ + bias): x (..., K), norm_w and norm_b (K,)
-    or None, w (N, K), bias (N,) or None. Up to GEMV_MAX_M rows one launch (the norm in the
-    GEMV's prologue); more: norm.py's LayerNorm kernel, then the GEMM."""
+    or None, w (N, K), bias (N,) or None. One row: one launch (the norm in the GEMV's
+    prologue); more: norm.py's LayerNorm kernel, then the GEMM."""
     return _layernorm_call(x, norm_w, norm_b, w, bias, eps, activation, config)[0]
 
 
@@ -1042,8 +1047,8 @@ def spills_gemm_swiglu(x, w_gu, activation="silu", config=None):
     return _n_spills(_swiglu_call(x, w_gu, activation, config)[1])
 
 
-def spills_gemm_rmsnorm(x, norm_w, w, eps, weight_offset=0.0, config=None):
-    return _n_spills(_rmsnorm_call(x, norm_w, w, eps, weight_offset, config)[1])
+def spills_gemm_rmsnorm(x, norm_w, w, eps, weight_offset=0.0, config=None, bias=None):
+    return _n_spills(_rmsnorm_call(x, norm_w, w, eps, weight_offset, config, bias)[1])
 
 
 def spills_gemm_layernorm(x, norm_w, norm_b, w, bias=None, eps=1e-5, activation="none", config=None):
