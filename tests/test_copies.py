@@ -126,7 +126,8 @@ def test_eval_dropout_between_a_projection_and_its_residual_add_is_fused():
     torch.testing.assert_close(fast(x, res), ref)
     rows = {r["family"]: r for r in fast.summary()}
     assert rows["linear_residual"]["applied"] == 1, rows
-    assert rows["(all)"]["identity_copies_dropped"] == 1, rows
+    # torch <= 2.13 traces eval dropout as a clone (dropped here); 2.14 traces nothing
+    assert rows["(all)"]["identity_copies_dropped"] == int(torch.__version__ < "2.14"), rows
 
 
 def _full_partial_rope(x, c, s):
