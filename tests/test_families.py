@@ -27,6 +27,8 @@ _GPT = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256)
 FAMILIES = {
     "Qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(_DECODER, head_dim=16), {"attention_rope", "rms_norm"}),
     "Olmo2": ("Olmo2Config", "Olmo2ForCausalLM", _DECODER, {"attention_rope", "rms_norm"}),
+    # Qwen2: biased Q/K/V after the RMSNorm, the biases in the norm's GEMM
+    "Qwen2": ("Qwen2Config", "Qwen2ForCausalLM", _DECODER, {"rms_norm_linear", "add_rms_norm_linear"}),
     # the partial rotary's cat folded in; one LayerNorm read by q, k, v and fc1 (a parallel
     # block): one GEMM over the four, the biases in it
     "Phi": ("PhiConfig", "PhiForCausalLM", dict(_DECODER, num_key_value_heads=4, partial_rotary_factor=0.5),

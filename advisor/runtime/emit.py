@@ -31,7 +31,7 @@ KERNEL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "linear_swiglu": (("x", "weights", "activation"), ("y",)),
     "attention": (("q", "k", "v", "cos", "sin", "mask", "causal", "scale", "interleaved", "q_pos",
                    "softcap", "sinks"), ("y",)),
-    "rmsnorm_linear": (("x", "weight", "weights", "eps", "weight_offset"), ("y",)),  # own emitter
+    "rmsnorm_linear": (("x", "weight", "weights", "biases", "eps", "weight_offset"), ("y",)),  # own emitter
     "layernorm_linear": (("x", "weight", "bias", "weights", "biases", "eps", "activation"),
                          ("y",)),  # own emitter
     "rmsnorm_swiglu": (("x", "weight", "weights", "eps", "weight_offset", "activation"), ("y",)),

@@ -193,8 +193,9 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
         outputs = {f"out{i}": lin.node for i, lin in enumerate(readers)}
         kernel = None
         if m.family in ("rms_norm", "add_rms_norm") and m.operands.get("weight") is not None \
-                and all(lin.bias is None for lin in readers) and not stored_kn:
-            kernel = "rmsnorm_linear"
+                and not stored_kn:
+            kernel = "rmsnorm_linear"  # the projections' biases (Qwen2's Q/K/V) in its epilogue
+            operands["biases"] = [lin.bias for lin in readers]
         if m.family in ("layer_norm", "add_layer_norm") and _one_dtype(m, readers):
             # OPT, GPT-NeoX, Phi, Falcon, BLOOM: the projections' biases in its epilogue
             kernel = "layernorm_linear"
@@ -241,8 +242,9 @@ def find_norm_swiglus(norm_projections: list[Match], swiglus: list[Match]) -> li
     found = []
     for np_ in norm_projections:
         linears = list(np_.outputs.values())
-        if np_.kernel != "rmsnorm_linear" or len(linears) != 2:
-            continue
+        if np_.kernel != "rmsnorm_linear" or len(linears) != 2 \
+                or any(b is not None for b in np_.operands["biases"]):
+            continue  # (gemm_swiglu's gate and up have no bias)
         for sw in swiglus:
             if not all(lin in sw.nodes for lin in linears):
                 continue
