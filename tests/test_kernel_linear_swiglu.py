@@ -49,6 +49,16 @@ def test_rmsnorm_linear_matches_reference_and_unfused(dtype):
             assert_close(spec.unfused_ops()(*inputs), ref)
 
 
+def _default_first_and_split(spec, inputs, ref):
+    """The default config, the space's first and its first split-K one each match `ref`."""
+    configs = spec.space.configs(spec.problem(*inputs))
+    split = [c for c in configs if c["SPLIT_K"] > 1][:1]
+    for cfg in [None, *configs[:1], *split]:
+        out = spec.launch(*inputs, config=cfg)
+        assert out.shape == ref.shape and not torch.isnan(out).any()
+        assert_close(out, ref)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_rmsnorm_swiglu_matches_reference_on_both_paths(dtype):
     """Norm prologue and SwiGLU epilogue together: the GEMV path (M = 1, row scale inside
@@ -58,12 +68,7 @@ def test_rmsnorm_swiglu_matches_reference_on_both_paths(dtype):
         inputs = spec.make_inputs(dims, dtype, torch.device("cpu"), torch.Generator().manual_seed(6))
         assert adjacent_view(inputs[2]) is not None
         ref = spec.reference(*inputs)
-        configs = spec.space.configs(spec.problem(*inputs))
-        split = [c for c in configs if c["SPLIT_K"] > 1][:1]
-        for cfg in [None, *configs[:1], *split]:
-            out = spec.launch(*inputs, config=cfg)
-            assert out.shape == ref.shape and not torch.isnan(out).any()
-            assert_close(out, ref)
+        _default_first_and_split(spec, inputs, ref)
         if dtype == torch.float32:  # eager rounds n, gate, up and act: off by more in 16-bit
             assert_close(spec.unfused_ops()(*inputs), ref)
 
@@ -80,12 +85,7 @@ def test_layernorm_linear_matches_reference_on_both_paths(dtype, monkeypatch):
         inputs = spec.make_inputs(dims, dtype, torch.device("cpu"), torch.Generator().manual_seed(7))
         assert adjacent_view(inputs[3]) is not None and len(inputs[3]) >= (1 if inputs[-1] != "none" else 2)
         ref = spec.reference(*inputs)
-        configs = spec.space.configs(spec.problem(*inputs))
-        split = [c for c in configs if c["SPLIT_K"] > 1][:1]
-        for cfg in [None, *configs[:1], *split]:
-            out = spec.launch(*inputs, config=cfg)
-            assert out.shape == ref.shape and not torch.isnan(out).any()
-            assert_close(out, ref)
+        _default_first_and_split(spec, inputs, ref)
         if dims["M"] == 1:
             monkeypatch.setattr(gemm, "PREFETCH_WITHOUT_PDL", True)
             assert_close(spec.launch(*inputs), ref)
