@@ -848,7 +848,7 @@ def _run(x, w, n: int, *, act: int = -1, bias=None, residual=None, norm=None, ga
     p_strides = (partials.stride(0), m * n) if split > 1 else (0, 0)
     flags = {"ACT": act, "HAS_BIAS": bias is not None, "HAS_RESIDUAL": residual is not None,
              "GATED": gated}
-    if layer_norm is not None and m > 1:
+    if layer_norm is not None and (m > 1 or cfg["BLOCK_M"] >= 16):
         # One row: the GEMV's programs compute its stats themselves. More: each program would
         # redo all M rows' stats ahead of its W tile (H100, session 33, LN -> QKV 4096 ->
         # 12288: 4 rows 151 µs against 39 at 1 row and eager's 78), so norm.py's LayerNorm
