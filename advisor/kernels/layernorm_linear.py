@@ -42,12 +42,19 @@ from advisor.kernels.gemm import (
     unfused_layernorm,
 )
 from advisor.kernels.merged_linear import merged_bias, merged_weight
+from advisor.kernels.norm import MAX_BLOCK_N
 from advisor.kernels.registry import KernelSpec, register
 from advisor.kernels.space import decode
 from advisor.kernels.testing import randn_nonzero
 
 Tensors = list[torch.Tensor]
 Biases = list[torch.Tensor | None]
+
+
+def _usable(x: torch.Tensor) -> bool:
+    """Triton runs it: CUDA (or the interpreter), a supported dtype, and rows norm.py's
+    LayerNorm kernel holds (it normalises x ahead of the GEMM from 2 rows on)."""
+    return _use_triton(x) and x.shape[-1] <= MAX_BLOCK_N
 
 
 def reference(x: torch.Tensor, norm_w: torch.Tensor | None, norm_b: torch.Tensor | None,
@@ -78,7 +85,7 @@ def launch(x: torch.Tensor, norm_w: torch.Tensor | None, norm_b: torch.Tensor | 
     schema="(Tensor x, Tensor? norm_w, Tensor? norm_b, Tensor[] weights, Tensor?[] biases, "
            "float eps, str activation, str config) -> Tensor")
 def layernorm_linear(x, norm_w, norm_b, weights, biases, eps, activation, config):
-    if _use_triton(x):
+    if _usable(x):
         return launch(x, norm_w, norm_b, list(weights), list(biases), eps, activation, decode(config))
     return reference(x, norm_w, norm_b, list(weights), list(biases), eps, activation).contiguous()
 
@@ -126,6 +133,6 @@ register(KernelSpec(
                {"M": 17, "K": 40, "N": 40, "bias": 1}, {"M": 17, "K": 24, "N": 40, "act": 1}),
     bench_dims=lambda tokens: {"M": tokens, "K": 4096, "N": 12288, "bias": 1},  # LN -> QKV, OPT-6.7B
     unfused_launches=4,  # eager LayerNorm, three addmm
-    matrix_kernel=True, usable=lambda x, *_: _use_triton(x),
+    matrix_kernel=True, usable=lambda x, *_: _usable(x),
     spills=lambda *inputs, config=None: spills_gemm_layernorm(*_merged(*inputs), *inputs[5:], config=config),
 ))

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from advisor.errors import KernelInputError
+
 COPIES = 0  # per-call weight concatenations (diagnostics)
 
 
@@ -63,6 +65,8 @@ def merged_weight(weights: list[Tensor]) -> Tensor:
 def merged_bias(x: Tensor, weights: list[Tensor], biases: list[Tensor | None]) -> Tensor | None:
     """The merged (ΣN,) bias; None when no member has one; members without one add zeros
     (a per-call copy: apply lays out only complete sets)."""
+    if len(biases) != len(weights):
+        raise KernelInputError(f"biases: {len(biases)} for {len(weights)} weights (one each, or None)")
     if all(b is None for b in biases):
         return None
     if all(b is not None for b in biases):

@@ -305,8 +305,8 @@ def _emit_norm_linear(graph: fx.Graph, m: Match, config: str) -> dict[fx.Node, f
     shape = m.operands.get("out_shape")
     after = _insert_point(graph, m, [x, *rest, shape])
     k = int(fake(weights[0]).shape[1])
-    with graph.inserting_after(after):
-        x2d = new_node(graph, aten.view.default, (x, [-1, k]))
+    with graph.inserting_after(after):  # reshape: x may be a transposed view (conv features)
+        x2d = new_node(graph, aten.reshape.default, (x, [-1, k]))
     with graph.inserting_after(x2d):
         call = new_node(graph, getattr(torch.ops.advisor, m.kernel).default, (x2d, *rest, config))
     if m.operands.get("activation", "none") != "none":  # one projection, its activation's value

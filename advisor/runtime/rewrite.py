@@ -208,14 +208,16 @@ def _order(m: Match) -> Any:
 
 
 def site_signature(m: Match, config: str) -> tuple:
-    """Sites alike for confirmation and timing: family, input shapes, strides and dtypes,
-    constant operands, config (every layer of a decoder shares one). Strides count: a
+    """Sites alike for confirmation and timing: family, input and output shapes, strides and
+    dtypes, constant operands, config (every layer of a decoder shares one). Strides count: a
     weight read as t(W) of a (K, N) parameter runs other loads (no TMA) than an (N, K) one
-    of the same shape, and each layout is confirmed and timed as it will run."""
-    shapes = tuple((tuple(hint(s) for s in t.shape), tuple(hint(s) for s in t.stride()), t.dtype)
-                   if (t := fake(n)) is not None else None for n in m.external_inputs())
+    of the same shape, and each layout is confirmed and timed as it will run. Outputs count:
+    two sites reading alike inputs may compute other things (a projection of some rows only)."""
+    def layout(nodes):
+        return tuple((tuple(hint(s) for s in t.shape), tuple(hint(s) for s in t.stride()), t.dtype)
+                     if (t := fake(n)) is not None else None for n in nodes)
     consts = tuple(sorted((k, v) for k, v in m.operands.items() if isinstance(v, (int, float, str, bool))))
-    return (m.family, shapes, consts, config)
+    return (m.family, layout(m.external_inputs()), layout(m.outputs.values()), consts, config)
 
 
 def confirm(m: Match, config: str, seed: int = 0) -> float:

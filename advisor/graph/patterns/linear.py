@@ -21,7 +21,7 @@ import torch
 from torch import fx
 
 from advisor.graph.capture import common_module, fake, module_path
-from advisor.graph.match import VIEW_OPS, Match, aten, is_op, known, strip_views
+from advisor.graph.match import RESHAPE_OPS, VIEW_OPS, Match, aten, is_op, known, strip_views
 from advisor.graph.patterns.activation import activation_of, reads_only
 
 
@@ -185,7 +185,7 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
             continue
         # a linear may read y itself (OPT's MLP on (B·T, D) rows: no view between)
         between = _views_to(y, {lin.x2d for lin in readers}, {lin.node for lin in readers if lin.x2d is y})
-        if not readers or between is None:
+        if not readers or between is None or not all(_every_row(lin.x2d, y) for lin in readers):
             continue
         gemms = (n for lin in readers for n in (lin.x2d, lin.node.args[-1], lin.node))
         nodes = tuple(dict.fromkeys((*m.nodes, *between, *gemms)))
@@ -217,6 +217,13 @@ def find_norm_projections(norms: list[Match], gm: fx.GraphModule, params: dict[s
             or m.family.endswith("_no_weight") else f"{m.family}_no_weight"
         found.append(Match(f"{family}_linear", kernel, m.module, nodes, operands, outputs))
     return found
+
+
+def _every_row(x2d: fx.Node, y: fx.Node) -> bool:
+    """The linear's (M, K) input holds every element of the norm's output y (the fused GEMM
+    computes all rows of y; `lm_head(h[:, -1:])` reads the last one only)."""
+    tx, ty = fake(x2d), fake(y)
+    return tx is not None and ty is not None and known(tx.numel() == ty.numel())
 
 
 def _activation_site(readers: list[Linear], epilogues: list[Match]) -> Match | None:
@@ -255,16 +262,24 @@ def find_norm_swiglus(norm_projections: list[Match], swiglus: list[Match]) -> li
     return found
 
 
+# Views that keep the elements they read in row order: what may stand between a norm and
+# the (M, K) rows its projections read (a transpose or permute would order them otherwise
+# than the kernel's x.reshape(-1, K)). A slice or select may read some rows only:
+# `_every_row` keeps those that read all (`hidden[:, -1:]` before lm_head at one token).
+_ROW_VIEWS = (*RESHAPE_OPS, aten.alias.default, aten.detach.default, aten.unsqueeze.default,
+              aten.squeeze.dim, aten.squeeze.default, aten.slice.Tensor, aten.select.int)
+
+
 def _views_to(y: fx.Node, x2ds: set[fx.Node], direct: Collection[fx.Node] = ()) -> list[fx.Node] | None:
     """The view nodes between `y` and the linears' (M, K) inputs `x2ds` when every reader of
-    `y` leads, through views only, to one of them (e.g. the `alias` a full-range
+    `y` leads, through row-order views only, to one of them (e.g. the `alias` a full-range
     `hidden[:, -0:]` before lm_head lowers to) or is one of the linears in `direct` (which
     read `y` as their (M, K) input); None when something else reads `y`."""
     between: list[fx.Node] = []
     for user in y.users:
         if user in x2ds or user in direct:
             continue
-        if not is_op(user, *VIEW_OPS):
+        if not is_op(user, *_ROW_VIEWS):
             return None
         deeper = _views_to(user, x2ds)
         if deeper is None:
