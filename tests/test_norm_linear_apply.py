@@ -84,3 +84,26 @@ def test_the_op_refuses_unmatched_biases_and_leaves_wide_rows_to_the_reference()
     wide = torch.empty(2, 32769)
     assert not spec.usable(wide, g, b, weights, biases, eps, act)
     assert spec.usable(wide[:, :32768], g, b, weights, biases, eps, act)
+
+
+class _NormFc(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln, self.fc = nn.LayerNorm(32), nn.Linear(32, 48)
+
+    def forward(self, x):  # (M, 32)
+        return torch.relu(self.fc(self.ln(x)))
+
+
+def test_the_price_counts_the_fused_ops_own_launches():
+    """One row: the norm in the GEMV's prologue, one launch for LN + fc + bias + ReLU (eager:
+    3). More rows: the LayerNorm kernel ahead of the GEMM, two."""
+    from advisor.graph.candidates import Costs, candidates, matches_of
+    from advisor.graph.capture import capture
+
+    model = _NormFc().eval()
+    removed = {}
+    for m in (1, 6):
+        found = candidates(matches_of(capture(model, (torch.randn(m, 32),))), Costs(8.0, 4000.0))
+        removed[m] = next(c.launches_removed for c in found if c.family == "layer_norm_linear")
+    assert removed == {1: 2, 6: 1}, removed

@@ -103,9 +103,15 @@ def price(launches_removed: int, bytes_avoided: int, costs: Costs) -> float:
 
 
 def _launches_removed(m: Match) -> int:
+    """Eager launches of the site less the fused op's (a split-K sum, a norm's pre-pass:
+    the kernel's own count at its default config, `KernelSpec.launches`)."""
     if m.kernel is None and m.family.endswith("_linear"):
         return m.launches() - len([k for k in m.outputs if k.startswith("out")])
-    return max(0, m.launches() - 1)
+    if m.kernel is None:
+        return max(0, m.launches() - 1)
+    from advisor.search.space import fused_launches  # the registry and emit's call table
+
+    return max(0, m.launches() - fused_launches(m))
 
 
 def _predicted(priced: float, device: float | None) -> float:

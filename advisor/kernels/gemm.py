@@ -781,6 +781,17 @@ def default(problem: Problem) -> Config:
     return cfg
 
 
+def fused_launches(problem: Problem, prologue: str = "") -> int:
+    """Launches `_run` makes at the default config: the GEMM (or GEMV), its split-K sum, and
+    what runs ahead of a tensor-core GEMM — prologue "gated" (gated_linear: the act·mul
+    kernel), "rms" (gemm_rmsnorm: the row-scale pre-pass), "layer" (layernorm_linear: the
+    LayerNorm kernel from 2 rows on)."""
+    cfg, m = default(problem), problem["M"]
+    gemv = cfg["BLOCK_M"] < 16
+    ahead = {"gated": not gemv, "rms": not gemv, "layer": m > 1}.get(prologue, False)
+    return 1 + int(cfg["SPLIT_K"] > 1) + int(ahead)
+
+
 SPACE = ConfigSpace(
     axes={
         "BLOCK_M": (1, 2, 4, 8, 16, 32, 64, 128),  # < 16: the GEMV path
@@ -1182,7 +1193,7 @@ _spec("gemm_epilogue", reference=reference, unfused=unfused, launch=launch_gemm_
       test_dims=({"M": 3, "K": 24, "N": 8, "bias": 1, "residual": 1, "act": 1},
                  {"M": 17, "K": 40, "N": 40, "act": 2}, {"M": 1, "K": 40, "N": 40, "residual": 1}),
       bench_n=4096, bench_extra={"residual": 1},  # o_proj + residual add
-      unfused_launches=2, spills=spills_gemm_epilogue)  # o_proj GEMM, residual add
+      unfused_launches=2, spills=spills_gemm_epilogue, launches=fused_launches)  # o_proj GEMM, residual add
 _spec("gemm_swiglu", reference=reference_swiglu, unfused=unfused_swiglu, launch=launch_gemm_swiglu,
       make_inputs=_make_swiglu, problem=lambda x, w_gu, act: _problem(x, w_gu, gated=True),
       flops=lambda x, w_gu, act: _flops(x, w_gu),
@@ -1190,7 +1201,7 @@ _spec("gemm_swiglu", reference=reference_swiglu, unfused=unfused_swiglu, launch=
       test_dims=({"M": 3, "K": 24, "N": 8}, {"M": 17, "K": 40, "N": 40, "act": 1},
                  {"M": 1, "K": 40, "N": 40, "act": 3}),
       bench_n=14336, bench_extra={},  # Llama-3-8B MLP gate/up
-      unfused_launches=4, spills=spills_gemm_swiglu)  # gate GEMM, up GEMM, act, mul
+      unfused_launches=4, spills=spills_gemm_swiglu, launches=fused_launches)  # gate GEMM, up GEMM, act, mul
 _spec("gemm_rmsnorm", reference=reference_rmsnorm, unfused=unfused_rmsnorm, launch=launch_gemm_rmsnorm,
       make_inputs=_make_rmsnorm, problem=lambda x, norm_w, w, *_: _problem(x, w),
       flops=lambda x, norm_w, w, *_: _flops(x, w),
@@ -1198,7 +1209,8 @@ _spec("gemm_rmsnorm", reference=reference_rmsnorm, unfused=unfused_rmsnorm, laun
       test_dims=({"M": 3, "K": 24, "N": 8}, {"M": 17, "K": 40, "N": 40, "weight_offset": 1},
                  {"M": 1, "K": 40, "N": 40}),
       bench_n=6144, bench_extra={},  # input norm -> merged QKV (4096 + 2·1024)
-      unfused_launches=9, spills=spills_gemm_rmsnorm)  # eager RMSNorm 8 (norm.py) + GEMM
+      unfused_launches=9, spills=spills_gemm_rmsnorm,  # eager RMSNorm 8 (norm.py) + GEMM
+      launches=lambda p: fused_launches(p, "rms"))
 _spec("gated_linear", reference=reference_gated, unfused=unfused_gated, launch=launch_gated_linear,
       make_inputs=_make_gated, problem=lambda gate, up, w, *_: _problem(gate, w),
       flops=lambda gate, up, w, *_: _flops(gate, w),
@@ -1206,4 +1218,5 @@ _spec("gated_linear", reference=reference_gated, unfused=unfused_gated, launch=l
       test_dims=({"M": 1, "K": 40, "N": 24, "residual": 1}, {"M": 3, "K": 24, "N": 8, "bias": 1, "act": 1},
                  {"M": 17, "K": 40, "N": 40, "residual": 1, "act": 2}),
       bench_n=4096, bench_extra={"K": 14336, "residual": 1},  # SwiGLU -> down_proj + residual
-      unfused_launches=4, spills=spills_gated_linear)  # act, mul, down GEMM, residual add
+      unfused_launches=4, spills=spills_gated_linear,  # act, mul, down GEMM, residual add
+      launches=lambda p: fused_launches(p, "gated"))

@@ -36,6 +36,7 @@ from advisor.kernels.gemm import (
     _flops,
     _problem,
     _use_triton,
+    fused_launches,
     launch_gemm_layernorm,
     reference_layernorm,
     spills_gemm_layernorm,
@@ -133,6 +134,7 @@ register(KernelSpec(
                {"M": 17, "K": 40, "N": 40, "bias": 1}, {"M": 17, "K": 24, "N": 40, "act": 1}),
     bench_dims=lambda tokens: {"M": tokens, "K": 4096, "N": 12288, "bias": 1},  # LN -> QKV, OPT-6.7B
     unfused_launches=4,  # eager LayerNorm, three addmm
+    launches=lambda p: fused_launches(p, "layer"),
     matrix_kernel=True, usable=lambda x, *_: _usable(x),
     spills=lambda *inputs, config=None: spills_gemm_layernorm(*_merged(*inputs), *inputs[5:], config=config),
 ))

@@ -21,6 +21,7 @@ from advisor.kernels.gemm import (
     SPACE,
     _problem,
     _use_triton,
+    fused_launches,
     launch_gemm_swiglu,
     reference_swiglu,
     spills_gemm_swiglu,
@@ -68,6 +69,7 @@ register(KernelSpec(
     problem=lambda x, weights, act: {**_problem(x, weights[0]), "gated": 1},  # N = W_g rows
     bytes_moved=lambda x, weights, act: _base.bytes_moved(x, merged_weight(weights), act),
     test_dims=_base.test_dims, bench_dims=_base.bench_dims, unfused_launches=4, matrix_kernel=True,
+    launches=fused_launches,
     spills=lambda x, weights, act, config=None: spills_gemm_swiglu(x, merged_weight(weights), act, config),
     usable=lambda x, *_: _use_triton(x),
     unfused=lambda x, weights, act: unfused_swiglu(x, torch.cat(weights, dim=0), act),

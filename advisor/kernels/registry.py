@@ -76,6 +76,12 @@ class KernelSpec:
     # A Triton kernel that does the matrix work itself (GEMM, attention), so it competes
     # with cuBLAS / flash kernels and can lose at some shapes; tune seeds a plan without them.
     matrix_kernel: bool = False
+    # launches(problem) -> kernel launches the fused op takes at its default config for this
+    # problem (a split-K sum, a norm's pre-pass); None: one. The analyzer's price of a site.
+    launches: Callable[[Problem], int] | None = None
+
+    def fused_launches(self, problem: Problem) -> int:
+        return 1 if self.launches is None else int(self.launches(problem))
 
     def unfused_ops(self) -> Callable[..., Any]:
         return self.unfused if self.unfused is not None else self.reference

@@ -22,6 +22,7 @@ import torch
 from advisor.kernels.gemm import (
     _problem,
     _use_triton,
+    fused_launches,
     launch_gemm_rmsnorm,
     reference_rmsnorm,
     spills_gemm_rmsnorm,
@@ -105,6 +106,7 @@ register(KernelSpec(
     test_dims=(*_base.test_dims, {"M": 1, "K": 40, "N": 40, "bias": 1},
                {"M": 17, "K": 24, "N": 8, "bias": 1}),
     bench_dims=_base.bench_dims, unfused_launches=11, matrix_kernel=True,
+    launches=lambda p: fused_launches(p, "rms"),
     usable=lambda x, *_: _use_triton(x),
     unfused=lambda x, norm_w, weights, biases, eps, off: unfused_rmsnorm(
         x, norm_w, torch.cat(weights), eps, off, merged_bias(x, weights, biases)),

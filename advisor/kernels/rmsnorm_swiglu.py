@@ -28,6 +28,7 @@ from advisor.kernels.gemm import (
     _problem,
     _use_triton,
     _x_w,
+    fused_launches,
     launch_gemm_rmsnorm_swiglu,
     reference_rmsnorm_swiglu,
     spills_gemm_rmsnorm_swiglu,
@@ -85,6 +86,7 @@ register(KernelSpec(
                {"M": 17, "K": 40, "N": 24, "weight_offset": 1}),
     bench_dims=lambda tokens: {"M": tokens, "K": 4096, "N": 14336},  # Llama-3-8B norm -> gate/up
     unfused_launches=12,  # eager RMSNorm 8 (norm.py), gate GEMM, up GEMM, act, mul
+    launches=lambda p: fused_launches(p, "rms"),
     matrix_kernel=True, usable=lambda x, *_: _use_triton(x),
     spills=lambda x, norm_w, weights, eps, off, act, config=None: spills_gemm_rmsnorm_swiglu(
         x, norm_w, merged_weight(weights), eps, off, act, config),

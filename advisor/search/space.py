@@ -285,10 +285,10 @@ def _meta(value: Any) -> Any:
     return torch.empty([hint(s) for s in t.shape], dtype=t.dtype, device="meta")
 
 
-def site_configs(match: Any) -> list[str] | None:
-    """Encoded configs of the match's kernel valid for this site's problem (None: unknown)."""
+def site_problem(match: Any) -> tuple[Any, Any] | None:
+    """(the match's kernel spec, the Problem its operands make at this site), or None where
+    the kernel takes no generic call or its problem() cannot read these operands."""
     from advisor.kernels.registry import get
-    from advisor.kernels.space import encode
     from advisor.runtime.emit import KERNEL_ARGS
 
     if match.kernel not in KERNEL_ARGS:
@@ -299,10 +299,27 @@ def site_configs(match: Any) -> list[str] | None:
     ops = {**match.operands, "mask": match.operands.get("mask", None) or match.operands.get("drop")}
     args = [_meta(ops.get(name)) for name in names]
     try:
-        problem = spec.problem(*args)
-    except Exception:  # a kernel whose problem() cannot read these operands: default only
+        return spec, spec.problem(*args)
+    except Exception:
         return None
+
+
+def site_configs(match: Any) -> list[str] | None:
+    """Encoded configs of the match's kernel valid for this site's problem (None: unknown)."""
+    from advisor.kernels.space import encode
+
+    found = site_problem(match)
+    if found is None:  # default only
+        return None
+    spec, problem = found
     return [encode(c) for c in spec.space.configs(problem)]
+
+
+def fused_launches(match: Any) -> int:
+    """Launches the match's kernel takes at this site at its default config (1 where
+    unknown): what the analyzer's price subtracts from the eager launches it removes."""
+    found = site_problem(match)
+    return 1 if found is None else found[0].fused_launches(found[1])
 
 
 def family_configs(kernel: str, matches: list[Any]) -> tuple[str, ...]:
