@@ -122,12 +122,17 @@ def _merged(x, norm_w, norm_b, weights, biases, *rest) -> tuple[Any, ...]:
     return x, norm_w, norm_b, merged_weight(weights), merged_bias(x, weights, biases)
 
 
+def _bytes_moved(*inputs: Any) -> int:
+    merged = _merged(*inputs)
+    return _bytes(merged[3].shape[0], *merged)
+
+
 register(KernelSpec(
     name="layernorm_linear", reference=reference, launch=launch, space=SPACE,
     make_inputs=_make_inputs, unfused=unfused,
     problem=lambda x, norm_w, norm_b, weights, *_: {**_problem(x, weights[0]),
                                                      "N": sum(int(w.shape[0]) for w in weights)},
-    bytes_moved=lambda *inputs: _bytes(_merged(*inputs)[3].shape[0], *_merged(*inputs)),
+    bytes_moved=_bytes_moved,
     flops=lambda *inputs: _flops(inputs[0], _merged(*inputs)[3]),
     test_dims=({"M": 1, "K": 40, "N": 24, "bias": 1}, {"M": 1, "K": 24, "N": 8, "affine": 0},
                {"M": 1, "K": 40, "N": 24, "bias": 1, "act": 2}, {"M": 3, "K": 40, "N": 24, "affine": 0},
